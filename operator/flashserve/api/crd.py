@@ -1,0 +1,260 @@
+"""The CustomResourceDefinition, generated from the pydantic models in v1alpha1.py.
+
+The API server requires a structural schema: no `$ref`, `nullable` instead of `anyOf: [X, null]`,
+`x-kubernetes-int-or-string` for int-or-string fields, OpenAPI 3.0 boolean `exclusiveMinimum`, and no
+`additionalProperties: false` (unknown fields are pruned instead). Object fields get `default: {}` so the API
+server fills in nested defaults and the stored object shows what will be served.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, TypeAdapter
+
+from flashserve.api import v1alpha1 as api
+
+_MODELS: dict[str, type[BaseModel]] = {
+    name: cls
+    for name, cls in inspect.getmembers(api, inspect.isclass)
+    if issubclass(cls, BaseModel) and cls.__module__ == api.__name__
+}
+_KEEP = {
+    "type", "description", "default", "enum", "format", "minimum", "maximum", "minLength", "maxLength",
+    "pattern", "minItems", "maxItems", "items", "properties", "required", "additionalProperties", "nullable",
+    "exclusiveMinimum", "exclusiveMaximum", "x-kubernetes-int-or-string", "x-kubernetes-validations",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+}  # fmt: skip
+
+# The rules the API server enforces at admission. validation.py holds the complete set with richer messages.
+_GPUS = "(self.placement.accelerator in ['B200', 'B300'] ? 8 : 4)"
+_TP = "self.parallelism.tensorParallelSize"
+_DPL = f"(has(self.parallelism.dataParallelSizeLocal) ? self.parallelism.dataParallelSizeLocal : {_GPUS} / {_TP})"
+_MANAGED_ARG_RE = (
+    "^(--(served[-_]model[-_]name|port|host|tensor[-_]parallel[-_]size|pipeline[-_]parallel[-_]size"
+    "|data[-_]parallel[-_][a-z_-]+|headless|api[-_]server[-_]count|enable[-_]expert[-_]parallel|all2all[-_]backend"
+    "|enable[-_]eplb|eplb[-_]config|enable[-_]dbo|dbo[-_][a-z_-]+|(no[-_])?enable[-_]prefix[-_]caching"
+    "|attention[-_]backend|kv[-_]cache[-_]dtype|max[-_]model[-_]len|gpu[-_]memory[-_]utilization|max[-_]num[-_]seqs"
+    "|max[-_]num[-_]batched[-_]tokens|speculative[-_]config|compilation[-_]config|custom[-_]histogram[-_]buckets"
+    "|revision|trust[-_]remote[-_]code|download[-_]dir)|-(tp|pp|dp|dpl|dpr|dpa|dpp|ep)|-O.*)([=.].*)?$"
+)
+RULES: dict[str, list[dict[str, str]]] = {
+    "spec": [
+        {
+            "rule": f"{_TP} <= {_GPUS} && ({_GPUS} % {_TP}) == 0 && {_TP} * {_DPL} == {_GPUS}",
+            "message": "tensorParallelSize x dataParallelSizeLocal must equal the accelerator's GPUs per node "
+            "(4 for GB200/GB300, 8 for B200/B300)",
+            "fieldPath": ".parallelism.dataParallelSizeLocal",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!self.parallelism.dbo.enabled || (self.parallelism.expertParallel && "
+            f"{_DPL} * self.parallelism.nodesPerReplica > 1)",
+            "message": "dual-microbatch overlap (dbo) needs expertParallel: true and more than one data-parallel rank",
+            "fieldPath": ".parallelism.dbo.enabled",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "self.parallelism.nodesPerReplica == 1 || self.placement.accelerator in ['B200', 'B300'] "
+            "|| self.placement.nvlinkDomain.enabled",
+            "message": "multi-node groups on GB200/GB300 must stay in one NVLink domain: "
+            "set placement.nvlinkDomain.enabled: true",
+            "fieldPath": ".placement.nvlinkDomain.enabled",
+            "reason": "FieldValueInvalid",
+        },
+    ],
+    "ParallelismSpec": [
+        {
+            "rule": "!self.eplb.enabled || self.expertParallel",
+            "message": "EPLB needs expertParallel: true",
+            "fieldPath": ".eplb.enabled",
+        },
+    ],
+    "AutoscalingSpec": [
+        {
+            "rule": "self.minReplicas <= self.maxReplicas",
+            "message": "minReplicas must not exceed maxReplicas",
+            "fieldPath": ".minReplicas",
+        },
+    ],
+    "WeightsSource": [
+        {"rule": "!(has(self.huggingFace) && has(self.pvc))", "message": "set exactly one of huggingFace or pvc"},
+    ],
+    "EngineSpec": [
+        {
+            "rule": f"self.extraArgs.all(a, !a.matches('{_MANAGED_ARG_RE}'))",
+            "message": "extraArgs may not set flags the operator manages (parallelism, port, model, cache, "
+            "batching, buckets): use the matching spec field",
+            "fieldPath": ".extraArgs",
+        },
+    ],
+}
+
+
+def _default_for(cls: type[BaseModel], field_name: str) -> Any:
+    field = cls.model_fields[field_name]
+    if field.default_factory is None:
+        return None
+    value = field.default_factory()
+    if isinstance(value, BaseModel):
+        return {}  # nested defaults come from the nested schema
+    return TypeAdapter(field.annotation).dump_python(value, by_alias=True, mode="json", exclude_none=True)
+
+
+def _convert(node: dict, defs: dict, model: type[BaseModel] | None = None) -> dict:
+    if "$ref" in node:
+        name = node["$ref"].rsplit("/", 1)[-1]
+        out = _convert(defs[name], defs, _MODELS.get(name))
+        for key in ("description", "default"):
+            if key in node:
+                out[key] = node[key]
+        return out
+    if node.get("x-kubernetes-int-or-string"):
+        out = {"x-kubernetes-int-or-string": True}
+        out.update({k: node[k] for k in ("description", "default") if k in node})
+        return out
+    if "anyOf" in node:
+        members = [m for m in node["anyOf"] if m.get("type") != "null"]
+        nullable = len(members) < len(node["anyOf"])
+        if len(members) != 1:
+            raise ValueError(f"cannot express union {node['anyOf']} in a structural schema")
+        out = _convert(members[0], defs)
+        out.update({k: node[k] for k in ("description", "default") if k in node and node[k] is not None})
+        if nullable:
+            out["nullable"] = True
+        return out
+    out = {k: v for k, v in node.items() if k in _KEEP}
+    if "description" in out:
+        out["description"] = " ".join(out["description"].split())  # docstrings wrap at source width
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    if isinstance(out.get("exclusiveMinimum"), (int, float)) and not isinstance(out["exclusiveMinimum"], bool):
+        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
+    if isinstance(out.get("exclusiveMaximum"), (int, float)) and not isinstance(out["exclusiveMaximum"], bool):
+        out["maximum"], out["exclusiveMaximum"] = out["exclusiveMaximum"], True
+    if out.get("default", 0) is None:
+        del out["default"]
+    if out.get("additionalProperties") is False:
+        del out["additionalProperties"]
+    elif isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = _convert(out["additionalProperties"], defs)
+    if "items" in out:
+        out["items"] = _convert(out["items"], defs)
+    if "properties" in node:
+        props = {}
+        for key, sub in node["properties"].items():
+            prop = _convert(sub, defs)
+            if model is not None:
+                fname = next((n for n, f in model.model_fields.items() if (f.alias or n) == key), None)
+                if fname is not None and "default" not in prop:
+                    default = _default_for(model, fname)
+                    if default is not None:
+                        prop["default"] = default
+            props[key] = prop
+        out["properties"] = props
+        out["type"] = "object"
+    if model is not None and model.__name__ in RULES:
+        out["x-kubernetes-validations"] = RULES[model.__name__]
+    return out
+
+
+def _spec_schema() -> dict:
+    schema = api.DeepSeekServingSpec.model_json_schema(by_alias=True, mode="validation")
+    out = _convert(schema, schema.get("$defs", {}), api.DeepSeekServingSpec)
+    out["x-kubernetes-validations"] = RULES["spec"]
+    out["description"] = "Desired state of a DeepSeekServing."
+    return out
+
+
+def _status_schema() -> dict:
+    schema = api.DeepSeekServingStatus.model_json_schema(by_alias=True, mode="serialization")
+    out = _convert(schema, schema.get("$defs", {}))
+    out["description"] = "Observed state of a DeepSeekServing."
+    conditions = out["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    conditions["description"] = "Ready, Progressing, Degraded, MetricsAvailable and ScalingLimited conditions."
+    return out
+
+
+PRINTER_COLUMNS = [
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready replica groups"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas", "description": "Desired groups"},
+    {"name": "Accelerator", "type": "string", "jsonPath": ".spec.placement.accelerator"},
+    {
+        "name": "Tok/s/User",
+        "type": "number",
+        "jsonPath": ".status.sla.perUserTokensPerSecondP90",
+        "description": "Per-user decode speed at the SLA percentile",
+    },
+    {"name": "SLA", "type": "string", "jsonPath": ".status.slaState"},
+    {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def generate_crd() -> dict:
+    """The CRD as a dict, ready to apply."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{api.PLURAL}.{api.GROUP}",
+            "labels": {"app.kubernetes.io/name": "flashserve", "app.kubernetes.io/part-of": "flashserve"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "categories": ["flashserve", "all"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": (api.DeepSeekServing.__doc__ or "").strip(),
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": _spec_schema(),
+                                "status": _status_schema(),
+                            },
+                        }
+                    },
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # shared lists would otherwise become &id001 anchors
+        return True
+
+
+def crd_yaml() -> str:
+    return yaml.dump(generate_crd(), Dumper=_Dumper, sort_keys=False, width=120)
+
+
+CRD_FILE = f"{api.GROUP}_{api.PLURAL}.yaml"

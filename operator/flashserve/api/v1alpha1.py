@@ -1,0 +1,393 @@
+"""DeepSeekServing, flashserve.io/v1alpha1: the typed API and the single source of truth for the CRD.
+
+Field docstrings become the CRD's descriptions (what `kubectl explain` shows), so they are written for users.
+Single-field limits live here as constraints; rules that relate several fields live in `validation.py`
+(and, for the key ones, as CEL rules in `crd.py` so the API server rejects them at admission).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from flashserve.accelerators import AcceleratorName
+
+GROUP = "flashserve.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DeepSeekServing"
+PLURAL = "deepseekservings"
+SINGULAR = "deepseekserving"
+SHORT_NAMES = ["dss"]
+
+DEFAULT_MODEL = "deepseek-ai/DeepSeek-V4.1-Flash-1017"
+DEFAULT_SERVED_NAME = "deepseek-flash"
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+
+# Bounds that keep CEL rule costs within the API server's budget and objects within etcd's size limit.
+MAX_LIST = 64
+MAX_STRING = 4096
+
+K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    def dump(self) -> dict:
+        """The object as it appears in the API: camelCase keys, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+class SecretKeyRef(_Model):
+    name: K8sName
+    """Name of a Secret in the serving's namespace."""
+    key: str = Field("HF_TOKEN", min_length=1, max_length=253)
+    """Key within the Secret."""
+
+
+class HuggingFaceSource(_Model):
+    token_secret_ref: SecretKeyRef | None = None
+    """Secret holding a Hugging Face token, for gated or private repositories. Passed to the engine only as an
+    environment variable taken from the Secret; never inline."""
+    cache_pvc_name: K8sName | None = None
+    """Optional PersistentVolumeClaim used as the Hugging Face cache (HF_HOME), so restarts skip the download.
+    Without it the cache is an emptyDir and each new pod downloads the weights."""
+
+
+class PVCSource(_Model):
+    claim_name: K8sName
+    """PersistentVolumeClaim that already holds the weights (mounted read-only)."""
+    path: str = Field("", max_length=1024)
+    """Directory of the model inside the volume; empty means the volume's root."""
+
+
+class WeightsSource(_Model):
+    hugging_face: HuggingFaceSource | None = None
+    """Download from the Hugging Face Hub (the default when no source is given)."""
+    pvc: PVCSource | None = None
+    """Load from an existing PersistentVolumeClaim; no download, the Hub is not contacted."""
+
+
+class ModelSpec(_Model):
+    name: str = Field(DEFAULT_MODEL, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    """Hugging Face model id."""
+    revision: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z0-9._/-]+$")
+    """Model revision (branch, tag or commit) to pin; pinning a commit is recommended for production."""
+    served_model_names: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/-]+$")]] = (
+        Field(default_factory=lambda: [DEFAULT_SERVED_NAME], min_length=1, max_length=8)
+    )
+    """Names clients use in the `model` field of OpenAI requests; the first is the one reported in metrics."""
+    source: WeightsSource = Field(default_factory=WeightsSource)
+    """Where the weights come from: Hugging Face (default) or an existing PVC."""
+    trust_remote_code: bool = True
+    """Allow the model repository's own Python code (DeepSeek checkpoints ship their configuration code)."""
+
+
+# --------------------------------------------------------------------------------------------- engine
+
+
+class SpeculativeSpec(_Model):
+    enabled: bool = True
+    """Multi-token prediction (MTP) speculative decoding with the model's own MTP head."""
+    num_speculative_tokens: int = Field(1, ge=1, le=4)
+    """Draft tokens proposed per step."""
+
+
+class EnvVarSource(_Model):
+    secret_key_ref: SecretKeyRef | None = None
+    config_map_key_ref: SecretKeyRef | None = None
+
+
+class EnvVar(_Model):
+    name: EnvName
+    value: str | None = Field(None, max_length=MAX_STRING)
+    value_from: EnvVarSource | None = None
+
+
+class ResourcesSpec(_Model):
+    cpu: Quantity = "32"
+    """CPU request (and limit) of each engine pod."""
+    memory: Quantity = "256Gi"
+    """Memory request (and limit) of each engine pod."""
+    shm_size: Quantity = "64Gi"
+    """Size of the memory-backed /dev/shm used by NCCL and the data-parallel processes."""
+
+
+class EngineSpec(_Model):
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=r"^[^\s]+$")
+    """vLLM OpenAI server image (vLLM 0.33). Pin a digest in production."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    max_model_len: Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})] = 131072
+    """Context length: an integer, a `32k`/`1m` style size, or `auto`."""
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "nvfp4_ds_mla"] = "fp8_ds_mla"
+    """KV cache dtype; `fp8_ds_mla` is DeepSeek's FP8 MLA cache layout."""
+    attention_backend: Literal["FLASHINFER_MLA", "FLASHMLA", "CUTLASS_MLA", "TRITON_MLA", "FLASHMLA_SPARSE"] | None = (
+        None
+    )
+    """MLA attention backend; unset lets vLLM choose (FLASHINFER_MLA first on Blackwell)."""
+    prefix_caching: bool = True
+    """Automatic prefix caching: agentic sessions resend a growing context, mostly served from cache."""
+    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
+    """MTP speculative decoding."""
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    """Share of each GPU's memory vLLM may use."""
+    max_num_seqs: int = Field(1024, ge=1, le=65536)
+    """Most sequences one engine (data-parallel rank) batches at once."""
+    max_num_batched_tokens: int = Field(16384, ge=1, le=1048576)
+    """Token budget of one engine step (prefill chunks plus decodes)."""
+    cuda_graph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] | None = None
+    """CUDA graph mode (compilation config `cudagraph_mode`); unset keeps vLLM's default FULL_AND_PIECEWISE."""
+    async_scheduling: bool = False
+    """Overlap scheduling with execution (`--async-scheduling`)."""
+    extra_args: list[Annotated[str, Field(max_length=MAX_STRING)]] = Field(default_factory=list, max_length=MAX_LIST)
+    """Further `vllm serve` arguments, passed as separate arguments (never through a shell). Flags the
+    operator manages (parallelism, port, model, buckets, ...) are refused: set the matching field instead."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST)
+    """Further environment variables for the engine. Variables the operator manages are refused."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """CPU, memory and shared memory per pod; GPUs follow from the accelerator."""
+    port: int = Field(8000, ge=1024, le=65535)
+    """Port of the OpenAI API and /metrics inside the pod."""
+
+
+# ---------------------------------------------------------------------------------------- parallelism
+
+
+class EPLBSpec(_Model):
+    enabled: bool = False
+    """Expert-parallel load balancing: replicate hot experts and rebalance while serving."""
+    num_redundant_experts: int = Field(32, ge=0, le=1024)
+    """Extra expert replicas spread over the EP group."""
+    window_size: int = Field(1000, ge=1)
+    """Steps of expert load history considered."""
+    step_interval: int = Field(3000, ge=1)
+    """Steps between rebalances."""
+
+
+class DBOSpec(_Model):
+    enabled: bool = False
+    """Dual-microbatch overlap: overlap the all-to-all of one microbatch with compute of the other."""
+    decode_token_threshold: int = Field(32, ge=1)
+    """Smallest decode batch (tokens) that is split into two microbatches."""
+    prefill_token_threshold: int = Field(512, ge=1)
+    """Smallest prefill batch (tokens) that is split into two microbatches."""
+
+
+class ParallelismSpec(_Model):
+    tensor_parallel_size: int = Field(1, ge=1, le=8)
+    """GPUs per data-parallel rank (attention is data parallel, so 1 suits MLA models)."""
+    data_parallel_size_local: int | None = Field(None, ge=1, le=8)
+    """Data-parallel ranks per node; unset fills the node (GPUs per node / tensorParallelSize)."""
+    nodes_per_replica: int = Field(1, ge=1, le=72)
+    """Nodes in one serving replica (one expert-parallel group). More than 1 makes a multi-node wide-EP group
+    whose data-parallel ranks span the nodes."""
+    expert_parallel: bool = True
+    """Expert parallelism across all ranks of the group (EP size = TP x DP)."""
+    all2all_backend: (
+        Literal[
+            "allgather_reducescatter",
+            "deepep_low_latency",
+            "deepep_high_throughput",
+            "deepep_v2",
+            "flashinfer_nvlink_one_sided",
+            "flashinfer_nvlink_two_sided",
+            "nixl_ep",
+            "moonep",
+        ]
+        | None
+    ) = Field(None, alias="all2allBackend")
+    """All-to-all kernel for expert parallelism; unset keeps vLLM's default. `deepep_low_latency` suits decode."""
+    eplb: EPLBSpec = Field(default_factory=EPLBSpec)
+    """Expert-parallel load balancer."""
+    dbo: DBOSpec = Field(default_factory=DBOSpec)
+    """Dual-microbatch overlap."""
+    rpc_port: int = Field(29550, ge=1024, le=65535)
+    """Data-parallel RPC port on a group's leader (pod 0)."""
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+class Toleration(_Model):
+    key: str | None = Field(None, max_length=316)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class NVLinkDomainSpec(_Model):
+    enabled: bool = True
+    """Keep every pod of a multi-node group on nodes of one NVLink domain (same clique label value).
+    Required for multi-node groups on GB200/GB300."""
+    topology_key: str = Field("nvidia.com/gpu.clique", min_length=1, max_length=316)
+    """Node label whose value names the NVLink domain."""
+
+
+class ComputeDomainSpec(_Model):
+    enabled: bool = False
+    """Create a ComputeDomain (NVIDIA DRA driver, resource.nvidia.com) per multi-node group and claim its IMEX
+    channel from every pod, for multi-node NVLink on GB200/GB300."""
+    resource_claim_template_name: K8sName | None = None
+    """Use this existing ResourceClaimTemplate instead of creating a ComputeDomain."""
+
+
+class PlacementSpec(_Model):
+    accelerator: AcceleratorName = "GB200"
+    """GPU system: GB200 or GB300 (4 GPUs per node, NVL72 racks) or B200 or B300 (8 GPUs per node)."""
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
+    """Extra node labels the pods require (e.g. a node pool)."""
+    tolerations: list[Toleration] = Field(
+        default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        max_length=MAX_LIST,
+    )
+    """Tolerations for the engine pods; the default tolerates the usual `nvidia.com/gpu` GPU-node taint."""
+    nvlink_domain: NVLinkDomainSpec = Field(default_factory=NVLinkDomainSpec)
+    """Gang placement of multi-node groups inside one NVLink domain."""
+    compute_domain: ComputeDomainSpec = Field(default_factory=ComputeDomainSpec)
+    """DRA ComputeDomain (IMEX) claim for multi-node NVLink on GB200/GB300."""
+    priority_class_name: K8sName | None = None
+    """PriorityClass of the engine pods."""
+
+
+# ---------------------------------------------------------------------------------------- autoscaling
+
+
+class SLASpec(_Model):
+    per_user_tokens_per_second: float = Field(100.0, gt=0, le=100000)
+    """Decode speed every user should see, in output tokens per second per request."""
+    percentile: float = Field(90.0, gt=0, lt=100)
+    """Share of users (by percentile of per-user speed) that must meet the target."""
+    ttft_seconds: float | None = Field(None, gt=0)
+    """Optional time-to-first-token target."""
+
+
+class ScaleUpSpec(_Model):
+    stabilization_seconds: int = Field(0, ge=0, le=3600)
+    """How long a breach must last before adding replicas."""
+
+
+class ScaleDownSpec(_Model):
+    delay_seconds: int | None = Field(None, ge=0, le=86400)
+    """How long a surplus must last before removing a replica; unset uses replicaStartupSeconds (a replica
+    that took that long to start is not given up for less)."""
+    step: int = Field(1, ge=1, le=100)
+    """Replicas removed per step."""
+
+
+class AutoscalingSpec(_Model):
+    enabled: bool = False
+    """Let the operator set spec.replicas from per-user speed. When on, the autoscaler owns spec.replicas."""
+    mode: Literal["Active", "Advisory"] = "Active"
+    """Active acts on its decisions; Advisory only reports them in status and events."""
+    min_replicas: int = Field(1, ge=1, le=1000)
+    """Fewest replica groups; at least one, since a cold replica takes minutes to serve."""
+    max_replicas: int = Field(4, ge=1, le=1000)
+    """Most replica groups (the GPU budget)."""
+    sla: SLASpec = Field(default_factory=SLASpec)
+    prometheus_url: str | None = Field(None, max_length=1024, pattern=r"^https?://[^\s]+$")
+    """Prometheus that scrapes the engines; unset uses the operator's --prometheus-url."""
+    evaluation_interval_seconds: int = Field(15, ge=1, le=3600)
+    replica_startup_seconds: int = Field(900, ge=0, le=86400)
+    """Expected time from creating a replica to serving (image pull, weight load, CUDA graphs)."""
+    scale_up: ScaleUpSpec = Field(default_factory=ScaleUpSpec)
+    scale_down: ScaleDownSpec = Field(default_factory=ScaleDownSpec)
+    gpu_hourly_cost: float | None = Field(None, ge=0)
+    """Cost of one GPU-hour in dollars, for tokens-per-dollar in status."""
+
+
+class RolloutSpec(_Model):
+    max_unavailable: int = Field(1, ge=1, le=1000)
+    """Replica groups that may be updating at once; a group's pods are always replaced together."""
+
+
+class DeepSeekServingSpec(_Model):
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """Model to serve."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """vLLM engine settings."""
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    """Tensor, data and expert parallelism, and how many nodes one replica spans."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Where the pods run."""
+    replicas: int = Field(1, ge=0, le=1000)
+    """Serving replica groups. Owned by the autoscaler when autoscaling is enabled."""
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Per-user-speed autoscaling."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """How pod changes roll out over groups."""
+
+
+# --------------------------------------------------------------------------------------------- status
+
+
+class Condition(_Model):
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(max_length=1024)
+    message: str = Field("", max_length=32768)
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class SLAStatus(_Model):
+    per_user_tokens_per_second_p50: float | None = None
+    per_user_tokens_per_second_p90: float | None = None
+    tokens_per_second: float | None = None
+    tokens_per_dollar: float | None = None
+    attainment: float | None = None
+    """Share of output tokens delivered at or above the per-user speed target (recent window)."""
+
+
+class ScalingEvent(_Model):
+    time: str
+    from_replicas: int = Field(alias="from")
+    to_replicas: int = Field(alias="to")
+    reason: str
+
+
+class DeepSeekServingStatus(_Model):
+    observed_generation: int | None = None
+    replicas: int | None = None
+    """Replica groups that exist."""
+    ready_replicas: int | None = None
+    """Groups whose pods are all ready."""
+    updated_replicas: int | None = None
+    """Groups running the current pod template."""
+    desired_replicas: int | None = None
+    selector: str | None = None
+    """Label selector of the serving's pods (for the scale subresource)."""
+    endpoint: str | None = None
+    """OpenAI-compatible base URL inside the cluster."""
+    sla_state: str | None = None
+    """Met, AtRisk, Breached or Unknown."""
+    sla: SLAStatus | None = None
+    last_scaling: ScalingEvent | None = None
+    learned_capacity: float | None = None
+    """Learned concurrent users one replica serves at the SLA."""
+    conditions: list[Condition] | None = None
+
+
+class DeepSeekServing(_Model):
+    """Serves DeepSeek-V4.1-Flash with vLLM on NVIDIA Blackwell: one StatefulSet per replica group."""
+
+    model_config = ConfigDict(extra="ignore")  # metadata and status come from the API server
+    api_version: Literal["flashserve.io/v1alpha1"] = API_VERSION
+    kind: Literal["DeepSeekServing"] = KIND
+    metadata: dict = Field(default_factory=dict)
+    spec: DeepSeekServingSpec = Field(default_factory=DeepSeekServingSpec)
+    status: DeepSeekServingStatus | None = None

@@ -1,0 +1,241 @@
+"""Validation of a DeepSeekServing: field types and limits (pydantic) plus rules that relate fields.
+
+Each error names the field path as users write it (`spec.parallelism.dataParallelSizeLocal`) and says how to
+fix it. The API server enforces the key cross-field rules at admission through CEL (see `crd.py`); these
+checks are the complete set, used by `flashserve render` offline and by the operator for objects that got
+past an older CRD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from flashserve.accelerators import accelerator
+from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
+from flashserve.layout import layout
+from flashserve.vllm_args import MANAGED_ENV, MANAGED_FLAGS, managed_flag_of
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A DeepSeekServing that cannot be served as written."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(map(str, errors)))
+
+
+def _path(loc: tuple) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
+        elif item in ("int", "str", "float", "bool") or "[" in str(item) or str(item).startswith("function-"):
+            continue  # pydantic's union-member and validator tags, not fields
+        else:
+            parts.append(str(item))
+    return ".".join(parts)
+
+
+def _pydantic_errors(exc: ValidationError, prefix: str) -> list[FieldError]:
+    out: dict[str, FieldError] = {}
+    for err in exc.errors(include_url=False):
+        path = _path((prefix, *err["loc"])) if prefix else _path(err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field: remove it or check its spelling (`kubectl explain deepseekserving.spec`)"
+        elif err["type"] == "literal_error":
+            msg = f"{msg} (got {err['input']!r})"
+        out.setdefault(path, FieldError(path, msg))  # unions report once per member: keep the first
+    return list(out.values())
+
+
+def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
+    """Rules that relate several fields. Returns every broken rule, not just the first."""
+    errs: list[FieldError] = []
+    acc = accelerator(spec.placement.accelerator)
+    par, eng, auto = spec.parallelism, spec.engine, spec.autoscaling
+    lay = layout(spec)
+
+    if lay.gpus_per_pod != acc.gpus_per_node:
+        errs.append(
+            FieldError(
+                "spec.parallelism.dataParallelSizeLocal",
+                f"tensorParallelSize ({par.tensor_parallel_size}) x dataParallelSizeLocal ({lay.dp_local}) = "
+                f"{lay.gpus_per_pod} GPUs, but a {acc.name} node has {acc.gpus_per_node}: make the product "
+                f"{acc.gpus_per_node} (e.g. dataParallelSizeLocal: {max(1, acc.gpus_per_node // par.tensor_parallel_size)})",
+            )
+        )
+    if par.dbo.enabled and not (par.expert_parallel and lay.dp_size > 1):
+        errs.append(
+            FieldError(
+                "spec.parallelism.dbo.enabled",
+                "dual-microbatch overlap needs expertParallel: true and more than one data-parallel rank "
+                f"(now expertParallel={str(par.expert_parallel).lower()}, data-parallel size {lay.dp_size}): "
+                "enable expert parallelism or set dbo.enabled: false",
+            )
+        )
+    if par.eplb.enabled and not par.expert_parallel:
+        errs.append(
+            FieldError(
+                "spec.parallelism.eplb.enabled",
+                "EPLB balances experts across an expert-parallel group: set parallelism.expertParallel: true "
+                "or eplb.enabled: false",
+            )
+        )
+    if par.all2all_backend and not par.expert_parallel:
+        errs.append(
+            FieldError(
+                "spec.parallelism.all2allBackend",
+                "an all-to-all backend only applies with expertParallel: true: enable it or unset all2allBackend",
+            )
+        )
+    if lay.multi_node and acc.multi_node_nvlink and not spec.placement.nvlink_domain.enabled:
+        errs.append(
+            FieldError(
+                "spec.placement.nvlinkDomain.enabled",
+                f"a {lay.nodes}-node group on {acc.name} must stay inside one NVLink domain: "
+                "set placement.nvlinkDomain.enabled: true",
+            )
+        )
+    if lay.multi_node and acc.multi_node_nvlink and lay.nodes > acc.nodes_per_nvlink_domain:
+        errs.append(
+            FieldError(
+                "spec.parallelism.nodesPerReplica",
+                f"{lay.nodes} nodes do not fit one {acc.name} NVLink domain of {acc.nodes_per_nvlink_domain} "
+                f"nodes: use at most {acc.nodes_per_nvlink_domain}",
+            )
+        )
+    cd = spec.placement.compute_domain
+    if (cd.enabled or cd.resource_claim_template_name) and not acc.multi_node_nvlink:
+        errs.append(
+            FieldError(
+                "spec.placement.computeDomain",
+                f"ComputeDomains provide multi-node NVLink (IMEX) on GB200/GB300, not on {acc.name}: "
+                "disable computeDomain",
+            )
+        )
+    if cd.enabled and cd.resource_claim_template_name:
+        errs.append(
+            FieldError(
+                "spec.placement.computeDomain.resourceClaimTemplateName",
+                "either create a ComputeDomain (enabled: true) or reference an existing "
+                "ResourceClaimTemplate, not both",
+            )
+        )
+    src = spec.model.source
+    if src.hugging_face is not None and src.pvc is not None:
+        errs.append(
+            FieldError("spec.model.source", "set exactly one of huggingFace or pvc, not both")
+        )
+    if len(set(spec.model.served_model_names)) != len(spec.model.served_model_names):
+        errs.append(FieldError("spec.model.servedModelNames", "names must be unique: remove the duplicate"))
+    if eng.max_num_batched_tokens < eng.max_num_seqs:
+        errs.append(
+            FieldError(
+                "spec.engine.maxNumBatchedTokens",
+                f"must be at least maxNumSeqs ({eng.max_num_seqs}), as vLLM requires: raise it or lower maxNumSeqs",
+            )
+        )
+    if isinstance(eng.max_model_len, str) and not _is_size(eng.max_model_len):
+        errs.append(
+            FieldError(
+                "spec.engine.maxModelLen",
+                f"{eng.max_model_len!r} is not a context length: use an integer, a size like 32k or 1m, or auto",
+            )
+        )
+    elif isinstance(eng.max_model_len, int) and eng.max_model_len < 1:
+        errs.append(FieldError("spec.engine.maxModelLen", "must be positive"))
+    for i, arg in enumerate(eng.extra_args):
+        flag = managed_flag_of(arg)
+        if flag is not None:
+            errs.append(
+                FieldError(
+                    f"spec.engine.extraArgs[{i}]",
+                    f"{arg!r} sets {flag}, which the operator manages: use {MANAGED_FLAGS[flag]} instead",
+                )
+            )
+    seen_env: set[str] = set()
+    for i, env in enumerate(eng.env):
+        if env.name in MANAGED_ENV:
+            hint = "use spec.model.source" if env.name.startswith("HF_") else "remove it"
+            errs.append(
+                FieldError(f"spec.engine.env[{i}].name", f"{env.name} is managed by the operator: {hint}")
+            )
+        if env.name in seen_env:
+            errs.append(FieldError(f"spec.engine.env[{i}].name", f"{env.name} is set twice: keep one"))
+        seen_env.add(env.name)
+        if env.value is not None and env.value_from is not None:
+            errs.append(FieldError(f"spec.engine.env[{i}]", "set value or valueFrom, not both"))
+        if env.value_from is not None and (env.value_from.secret_key_ref is None) == (
+            env.value_from.config_map_key_ref is None
+        ):
+            errs.append(
+                FieldError(f"spec.engine.env[{i}].valueFrom", "set exactly one of secretKeyRef or configMapKeyRef")
+            )
+    if auto.min_replicas > auto.max_replicas:
+        errs.append(
+            FieldError(
+                "spec.autoscaling.minReplicas",
+                f"minReplicas ({auto.min_replicas}) is above maxReplicas ({auto.max_replicas}): lower it or raise maxReplicas",
+            )
+        )
+    return errs
+
+
+def _is_size(text: str) -> bool:
+    t = text.strip().lower()
+    if t == "auto":
+        return True
+    if t and t[-1] in "kmg":
+        t = t[:-1]
+    try:
+        return float(t) > 0
+    except ValueError:
+        return False
+
+
+def parse_spec(spec: dict | None) -> DeepSeekServingSpec:
+    """Validate a spec dict (camelCase, as in the API). Raises SpecError listing every problem."""
+    try:
+        parsed = DeepSeekServingSpec.model_validate(spec or {})
+    except ValidationError as exc:
+        raise SpecError(_pydantic_errors(exc, "spec")) from None
+    errs = semantic_errors(parsed)
+    if errs:
+        raise SpecError(errs)
+    return parsed
+
+
+def parse_serving(obj: dict) -> DeepSeekServing:
+    """Validate a whole DeepSeekServing object. Raises SpecError listing every problem."""
+    if not isinstance(obj, dict):
+        raise SpecError([FieldError("(document)", "expected a DeepSeekServing object (a YAML mapping)")])
+    errs: list[FieldError] = []
+    if obj.get("apiVersion") != "flashserve.io/v1alpha1":
+        errs.append(FieldError("apiVersion", f"must be flashserve.io/v1alpha1 (got {obj.get('apiVersion')!r})"))
+    if obj.get("kind") != "DeepSeekServing":
+        errs.append(FieldError("kind", f"must be DeepSeekServing (got {obj.get('kind')!r})"))
+    meta = obj.get("metadata") or {}
+    if not isinstance(meta, dict) or not meta.get("name"):
+        errs.append(FieldError("metadata.name", "required: name the serving"))
+    try:
+        spec = parse_spec(obj.get("spec"))
+    except SpecError as exc:
+        errs += exc.errors
+    if errs:
+        raise SpecError(errs)
+    return DeepSeekServing(apiVersion=obj["apiVersion"], kind=obj["kind"], metadata=meta, spec=spec)
+
+
+__all__ = ["FieldError", "SpecError", "parse_serving", "parse_spec", "semantic_errors"]

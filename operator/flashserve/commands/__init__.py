@@ -1,0 +1,1 @@
+"""Small `flashserve` subcommands that work offline."""

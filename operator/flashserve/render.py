@@ -1,0 +1,262 @@
+"""DeepSeekServing -> Kubernetes objects. Pure: the same input always gives the same objects, and nothing
+here talks to a cluster.
+
+Objects are laid out by the Jinja2 templates in templates/; every value enters a template through `tojson`
+(enforced: any other interpolation raises), so no value can break or inject YAML structure. The values
+themselves come from the small modules that own each concern: vllm_args (command line and environment),
+placement (affinity and tolerations), naming (names and labels within Kubernetes limits).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import jinja2
+import yaml
+from markupsafe import Markup
+
+from flashserve.accelerators import GPU_RESOURCE
+from flashserve.api.v1alpha1 import API_VERSION, KIND, DeepSeekServing, DeepSeekServingSpec
+from flashserve.api.validation import parse_serving
+from flashserve.layout import Layout, layout
+from flashserve.naming import (
+    GROUP_LABEL,
+    MANAGED_BY,
+    SERVING_LABEL,
+    compute_domain_name,
+    group_name,
+    pdb_name,
+    serving_label_value,
+    service_name,
+)
+from flashserve.placement import group_pod_affinity, group_pod_anti_affinity, node_affinity, node_selector, tolerations
+from flashserve.vllm_args import HF_HOME, MODEL_MOUNT, command, engine_env, vllm_args
+
+TEMPLATE_HASH_ANNOTATION = "flashserve.io/template-hash"
+STARTUP_BUDGET_SECONDS = 3600  # DeepSeek-class replicas take 8-45 minutes to load; probes must allow it
+TERMINATION_GRACE_SECONDS = 120  # let in-flight requests finish after the endpoint is removed
+
+
+def _only_json(value: object) -> object:
+    if isinstance(value, Markup) or value is None:
+        return value if value is not None else ""
+    raise jinja2.TemplateError(f"template value {value!r} was interpolated without `| tojson`")
+
+
+@functools.cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        undefined=jinja2.StrictUndefined,
+        finalize=_only_json,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+
+
+def _render(template: str, **ctx: object) -> dict:
+    return yaml.safe_load(_env().get_template(template).render(**ctx))
+
+
+def template_hash(spec: DeepSeekServingSpec) -> str:
+    """Hash of everything that shapes a pod. Replica count, autoscaling bounds and rollout pace are left out,
+    so changing them never restarts an engine."""
+    pod_inputs = spec.dump()
+    for key in ("replicas", "rollout"):
+        pod_inputs.pop(key, None)
+    pod_inputs["autoscaling"] = {"sla": pod_inputs["autoscaling"]["sla"]["perUserTokensPerSecond"]}
+    digest = hashlib.sha256(json.dumps(pod_inputs, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def labels(serving: str) -> dict[str, str]:
+    value = serving_label_value(serving)
+    return {
+        "app.kubernetes.io/name": "deepseek-serving",
+        "app.kubernetes.io/instance": value,
+        "app.kubernetes.io/part-of": "flashserve",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        SERVING_LABEL: value,
+    }
+
+
+def selector(serving: str) -> dict[str, str]:
+    return {SERVING_LABEL: serving_label_value(serving)}
+
+
+def selector_string(serving: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(serving).items())
+
+
+def endpoint(serving: str, namespace: str, spec: DeepSeekServingSpec) -> str:
+    return f"http://{service_name(serving)}.{namespace}.svc:{spec.engine.port}/v1"
+
+
+def _owner(obj: DeepSeekServing) -> dict | None:
+    uid = obj.metadata.get("uid")
+    if not uid:
+        return None
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": obj.metadata["name"],
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _volumes(spec: DeepSeekServingSpec) -> tuple[list[dict], list[dict]]:
+    res = spec.engine.resources
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(res.shm_size)}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    src = spec.model.source
+    if src.pvc is not None:
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}})
+        mounts.append({"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True})
+    else:
+        cache_pvc = src.hugging_face.cache_pvc_name if src.hugging_face else None
+        cache = {"persistentVolumeClaim": {"claimName": cache_pvc}} if cache_pvc else {"emptyDir": {}}
+        volumes.append({"name": "hf-cache", **cache})
+        mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+    # vLLM, Triton and torch.compile write caches under $HOME and /tmp.
+    volumes.append({"name": "tmp", "emptyDir": {}})
+    mounts.append({"name": "tmp", "mountPath": "/tmp"})
+    return volumes, mounts
+
+
+def _group_context(obj: DeepSeekServing, lay: Layout, index: int) -> dict:
+    spec = obj.spec
+    name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
+    group = group_name(name, index)
+    serving_value = serving_label_value(name)
+    group_labels = {**labels(name), "app.kubernetes.io/component": "engine", GROUP_LABEL: str(index)}
+    group_selector = {SERVING_LABEL: serving_value, GROUP_LABEL: str(index)}
+    leader = f"{group}-0.{group}.{namespace}.svc" if lay.multi_node else None
+
+    affinity: dict = {"nodeAffinity": node_affinity(spec)}
+    pod_affinity = group_pod_affinity(spec, lay, serving_value, str(index))
+    if pod_affinity:
+        affinity["podAffinity"] = pod_affinity
+    if lay.multi_node:
+        affinity["podAntiAffinity"] = group_pod_anti_affinity(lay, serving_value, str(index))
+
+    cd = spec.placement.compute_domain
+    claim_template = None
+    if cd.resource_claim_template_name:
+        claim_template = cd.resource_claim_template_name
+    elif cd.enabled:
+        claim_template = f"{compute_domain_name(name, index)}-channel"
+
+    port, rpc_port = spec.engine.port, spec.parallelism.rpc_port
+    ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    service_ports = [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]
+    if lay.multi_node:
+        ports.append({"name": "dp-rpc", "containerPort": rpc_port, "protocol": "TCP"})
+        service_ports.append({"name": "dp-rpc", "port": rpc_port, "targetPort": rpc_port, "protocol": "TCP"})
+
+    res = spec.engine.resources
+    gpus = str(lay.gpus_per_pod)
+    resources: dict = {
+        "requests": {"cpu": str(res.cpu), "memory": str(res.memory), GPU_RESOURCE: gpus},
+        "limits": {"memory": str(res.memory), GPU_RESOURCE: gpus},
+    }
+    if claim_template:
+        resources["claims"] = [{"name": "imex-channel"}]
+
+    capabilities: dict = {"drop": ["ALL"]}
+    if lay.multi_node:
+        capabilities["add"] = ["IPC_LOCK"]  # RDMA memory registration between nodes
+    volumes, mounts = _volumes(spec)
+    thash = template_hash(spec)
+    return {
+        "group": group,
+        "namespace": namespace,
+        "owner": _owner(obj),
+        "nodes": lay.nodes,
+        "group_labels": group_labels,
+        "group_selector": group_selector,
+        "template_hash": thash,
+        "pod_annotations": {
+            TEMPLATE_HASH_ANNOTATION: thash,
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics",
+        },
+        "termination_grace_seconds": TERMINATION_GRACE_SECONDS,
+        "pod_security_context": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "container_security_context": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": capabilities,
+        },
+        "affinity": affinity,
+        "node_selector": node_selector(spec),
+        "tolerations": tolerations(spec),
+        "priority_class_name": spec.placement.priority_class_name,
+        "claim_template": claim_template,
+        "compute_domain": compute_domain_name(name, index),
+        "image": spec.engine.image,
+        "image_pull_policy": spec.engine.image_pull_policy,
+        "command": command(lay),
+        "args": vllm_args(spec, lay, leader),
+        "env": engine_env(spec, lay),
+        "ports": ports,
+        "service_ports": service_ports,
+        "resources": resources,
+        "startup_failure_threshold": STARTUP_BUDGET_SECONDS // 10,
+        "volume_mounts": mounts,
+        "volumes": volumes,
+    }
+
+
+def render_group(obj: DeepSeekServing, index: int) -> list[dict]:
+    """The objects of replica group `index`: [ComputeDomain], headless Service, StatefulSet."""
+    lay = layout(obj.spec)
+    ctx = _group_context(obj, lay, index)
+    out = []
+    if obj.spec.placement.compute_domain.enabled:
+        out.append(_render("computedomain.yaml.j2", **ctx))
+    out.append(_render("group-service.yaml.j2", **ctx))
+    out.append(_render("statefulset.yaml.j2", **ctx))
+    return out
+
+
+def render_shared(obj: DeepSeekServing) -> list[dict]:
+    """Objects shared by all groups: the client Service and the PodDisruptionBudget."""
+    name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
+    ctx = {
+        "service": service_name(name),
+        "pdb": pdb_name(name),
+        "namespace": namespace,
+        "labels": labels(name),
+        "selector": selector(name),
+        "owner": _owner(obj),
+        "port": obj.spec.engine.port,
+        "nodes": layout(obj.spec).nodes,
+    }
+    return [_render("service.yaml.j2", **ctx), _render("pdb.yaml.j2", **ctx)]
+
+
+def render_serving(obj: DeepSeekServing, replicas: int | None = None) -> list[dict]:
+    """Every object of a validated serving, groups 0..replicas-1 (default spec.replicas)."""
+    count = obj.spec.replicas if replicas is None else replicas
+    out: list[dict] = []
+    for i in range(count):
+        out += render_group(obj, i)
+    return out + render_shared(obj)
+
+
+def render(cr: dict) -> list[dict]:
+    """Validate a DeepSeekServing dict and render it. Raises SpecError naming each bad field."""
+    return render_serving(parse_serving(cr))
+

@@ -1,0 +1,228 @@
+"""The vLLM 0.33 command line and environment of an engine pod, built from a DeepSeekServing spec.
+
+Every flag emitted here must exist in `vllm_flags.FLAGS` (a test holds the builder to that). A multi-node
+group differs per pod only in `--data-parallel-start-rank`, which a fixed wrapper script computes from the
+pod's index; user-supplied values reach that script only as separate arguments, never as script text.
+"""
+
+from __future__ import annotations
+
+import json
+
+from flashserve.accelerators import accelerator
+from flashserve.api.v1alpha1 import DeepSeekServingSpec
+from flashserve.layout import Layout
+from flashserve.vllm_flags import DEFAULT_ITL_BUCKETS, lookup
+
+MODEL_MOUNT = "/models"
+HF_HOME = "/var/cache/huggingface"
+
+# Environment variables the wrapper script reads: set by the operator, never by users.
+POD_INDEX_ENV = "FLASHSERVE_POD_INDEX"
+DP_LOCAL_ENV = "FLASHSERVE_DP_LOCAL"
+
+# The whole script is this constant: pod index and ranks per node come from the environment, and the vLLM
+# arguments (which carry user values) arrive as "$@".
+START_RANK_SCRIPT = (
+    'case "$FLASHSERVE_POD_INDEX$FLASHSERVE_DP_LOCAL" in ""|*[!0-9]*) '
+    'echo "flashserve: bad pod index or ranks per node" >&2; exit 64;; esac\n'
+    'exec vllm serve "$@" --data-parallel-start-rank "$((FLASHSERVE_POD_INDEX * FLASHSERVE_DP_LOCAL))"\n'
+)
+
+# Flags whose value the operator owns: setting them through extraArgs would desynchronise the pods of a
+# group, the probes or the metrics, so they are refused with a pointer to the spec field.
+MANAGED_FLAGS: dict[str, str] = {
+    "--served-model-name": "spec.model.servedModelNames",
+    "--revision": "spec.model.revision",
+    "--trust-remote-code": "spec.model.trustRemoteCode",
+    "--port": "spec.engine.port",
+    "--host": "(managed: the engine listens on all pod interfaces)",
+    "--tensor-parallel-size": "spec.parallelism.tensorParallelSize",
+    "--pipeline-parallel-size": "(not supported: use more nodes per replica)",
+    "--data-parallel-size": "spec.parallelism.dataParallelSizeLocal and nodesPerReplica",
+    "--data-parallel-size-local": "spec.parallelism.dataParallelSizeLocal",
+    "--data-parallel-start-rank": "(managed: computed from the pod index)",
+    "--data-parallel-address": "(managed: the group's leader pod)",
+    "--data-parallel-rpc-port": "spec.parallelism.rpcPort",
+    "--data-parallel-hybrid-lb": "(managed)",
+    "--data-parallel-external-lb": "(managed)",
+    "--headless": "(managed: every pod of a group serves the API)",
+    "--api-server-count": "(managed)",
+    "--enable-expert-parallel": "spec.parallelism.expertParallel",
+    "--all2all-backend": "spec.parallelism.all2allBackend",
+    "--enable-eplb": "spec.parallelism.eplb.enabled",
+    "--eplb-config": "spec.parallelism.eplb",
+    "--enable-dbo": "spec.parallelism.dbo.enabled",
+    "--dbo-decode-token-threshold": "spec.parallelism.dbo.decodeTokenThreshold",
+    "--dbo-prefill-token-threshold": "spec.parallelism.dbo.prefillTokenThreshold",
+    "--enable-prefix-caching": "spec.engine.prefixCaching",
+    "--attention-backend": "spec.engine.attentionBackend",
+    "--kv-cache-dtype": "spec.engine.kvCacheDtype",
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
+    "--max-num-seqs": "spec.engine.maxNumSeqs",
+    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
+    "--speculative-config": "spec.engine.speculative",
+    "--compilation-config": "spec.engine.cudaGraphMode",
+    "--async-scheduling": "spec.engine.asyncScheduling",
+    "--custom-histogram-buckets": "(managed: finer inter-token latency buckets around the SLA)",
+    "--download-dir": "spec.model.source",
+}
+
+# Environment the operator sets; users may not override it through spec.engine.env.
+MANAGED_ENV: frozenset[str] = frozenset(
+    {
+        POD_INDEX_ENV,
+        DP_LOCAL_ENV,
+        "HF_TOKEN",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "VLLM_PORT",
+        "VLLM_HOST_IP",
+        "NCCL_MNNVL_ENABLE",
+        "NCCL_CUMEM_ENABLE",
+        "NCCL_NVLS_ENABLE",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_SOCKET_IFNAME",
+    }
+)
+
+
+def managed_flag_of(arg: str) -> str | None:
+    """The managed flag an extra argument would set, else None.
+
+    Mirrors how vLLM's parser reads a token: `--flag=value`, `--flag.key=value` (dotted JSON fields),
+    underscores for dashes, short aliases, `--no-` negations, `-O` for the compilation config, and
+    argparse-style unambiguous abbreviations.
+    """
+    if not arg.startswith("-"):
+        return None
+    if arg.startswith("-O"):
+        return "--compilation-config"
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    flag = lookup(name)
+    canonical = flag.name if flag is not None else name
+    if canonical in MANAGED_FLAGS:
+        return canonical
+    if name.startswith("--") and len(name) > 3 and flag is None:
+        hits = [m for m in MANAGED_FLAGS if m.startswith(name)]
+        if hits:
+            return hits[0]
+    return None
+
+
+def itl_buckets(sla_tokens_per_second: float) -> list[float]:
+    """Inter-token-latency bucket bounds with fine resolution around the SLA's latency.
+
+    A 100 tok/s SLA is a 10 ms ITL: vLLM's lowest default bound, so histogram_quantile could not tell
+    110 tok/s from 1000 tok/s. Bounds from 0.25x to 4x the target latency (about +-5% near it) are merged
+    with the defaults so the usual dashboards keep working.
+    """
+    target = 1.0 / sla_tokens_per_second
+    factors = (0.25, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 3.0, 4.0)
+    bounds = {round(target * f, 6) for f in factors} | set(DEFAULT_ITL_BUCKETS)
+    return sorted(b for b in bounds if b > 0)
+
+
+def model_argument(spec: DeepSeekServingSpec) -> str:
+    pvc = spec.model.source.pvc
+    if pvc is not None:
+        return f"{MODEL_MOUNT}/{pvc.path.strip('/')}".rstrip("/")
+    return spec.model.name
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None = None) -> list[str]:
+    """Arguments after `vllm serve`. For a multi-node group `leader_address` is pod 0's stable DNS name; the
+    per-pod start rank is appended by START_RANK_SCRIPT."""
+    eng, par = spec.engine, spec.parallelism
+    args = [model_argument(spec)]
+    for name in spec.model.served_model_names:
+        args += ["--served-model-name", name]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if spec.model.trust_remote_code:
+        args.append("--trust-remote-code")
+    args += ["--port", str(eng.port)]
+    args += ["--tensor-parallel-size", str(lay.tensor_parallel)]
+    args += ["--data-parallel-size", str(lay.dp_size)]
+    if lay.multi_node:
+        args += ["--data-parallel-size-local", str(lay.dp_local)]
+        args += ["--data-parallel-address", leader_address or "", "--data-parallel-rpc-port", str(par.rpc_port)]
+    if par.expert_parallel:
+        args.append("--enable-expert-parallel")
+    if par.all2all_backend:
+        args += ["--all2all-backend", par.all2all_backend]
+    if par.eplb.enabled:
+        cfg = {
+            "num_redundant_experts": par.eplb.num_redundant_experts,
+            "window_size": par.eplb.window_size,
+            "step_interval": par.eplb.step_interval,
+        }
+        args += ["--enable-eplb", "--eplb-config", _json(cfg)]
+    if par.dbo.enabled:
+        args += [
+            "--enable-dbo",
+            "--dbo-decode-token-threshold",
+            str(par.dbo.decode_token_threshold),
+            "--dbo-prefill-token-threshold",
+            str(par.dbo.prefill_token_threshold),
+        ]
+    args.append("--enable-prefix-caching" if eng.prefix_caching else "--no-enable-prefix-caching")
+    if eng.attention_backend:
+        args += ["--attention-backend", eng.attention_backend]
+    args += ["--kv-cache-dtype", eng.kv_cache_dtype]
+    args += ["--max-model-len", str(eng.max_model_len)]
+    args += ["--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}"]
+    args += ["--max-num-seqs", str(eng.max_num_seqs), "--max-num-batched-tokens", str(eng.max_num_batched_tokens)]
+    if eng.speculative.enabled:
+        spec_cfg = {"method": "mtp", "num_speculative_tokens": eng.speculative.num_speculative_tokens}
+        args += ["--speculative-config", _json(spec_cfg)]
+    if eng.cuda_graph_mode:
+        args += ["--compilation-config", _json({"cudagraph_mode": eng.cuda_graph_mode})]
+    if eng.async_scheduling:
+        args.append("--async-scheduling")
+    buckets = {"inter_token_latency": itl_buckets(spec.autoscaling.sla.per_user_tokens_per_second)}
+    args += ["--custom-histogram-buckets", _json(buckets)]
+    return args + list(eng.extra_args)
+
+
+def command(lay: Layout) -> list[str]:
+    """The container command; `vllm_args` follow as the container's args."""
+    if lay.multi_node:
+        # "$0" is "vllm" (for messages); the args become "$@".
+        return ["/bin/sh", "-c", START_RANK_SCRIPT, "vllm"]
+    return ["vllm", "serve"]
+
+
+def engine_env(spec: DeepSeekServingSpec, lay: Layout) -> list[dict]:
+    """Environment the operator sets for the engine container (before the user's own)."""
+    env: list[dict] = []
+    if lay.multi_node:
+        env.append(
+            {
+                "name": POD_INDEX_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}},
+            }
+        )
+        env.append({"name": DP_LOCAL_ENV, "value": str(lay.dp_local)})
+        env.append({"name": "GLOO_SOCKET_IFNAME", "value": "eth0"})
+        env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
+        if accelerator(spec.placement.accelerator).multi_node_nvlink:
+            env += [{"name": n, "value": "1"} for n in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE")]
+    source = spec.model.source
+    if source.pvc is not None:
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    else:
+        env.append({"name": "HF_HOME", "value": HF_HOME})
+        hf = source.hugging_face
+        if hf is not None and hf.token_secret_ref is not None:
+            ref = hf.token_secret_ref
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env += [e.dump() for e in spec.engine.env]
+    return env
