@@ -48,13 +48,22 @@ def _only_json(value: object) -> object:
 
 @functools.cache
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         undefined=jinja2.StrictUndefined,
         finalize=_only_json,
         autoescape=False,
         keep_trailing_newline=True,
     )
+    builtin_tojson = env.filters["tojson"]
+
+    def tojson(eval_ctx: object, value: object) -> Markup:
+        if isinstance(value, jinja2.Undefined):
+            value._fail_with_undefined_error()  # a missing value is an error, not "null"
+        return builtin_tojson(eval_ctx, value)
+
+    env.filters["tojson"] = jinja2.pass_eval_context(tojson)
+    return env
 
 
 def _render(template: str, **ctx: object) -> dict:

@@ -1,0 +1,49 @@
+# FlashServe developer tasks. `make test` is the project's test command; `.ci/run` calls it.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST := $(VENV)/bin/pytest
+CRD := crds/flashserve.io_deepseekservings.yaml
+
+.PHONY: help install deps toolchain crds check-crds test unit e2e clean
+
+help:
+	@echo "make install     Python venv with flashserve and its test tools ($(VENV))"
+	@echo "make deps        system packages the local cluster needs (Prometheus) and the cluster toolchain"
+	@echo "make crds        regenerate $(CRD) from the typed API"
+	@echo "make test        unit tests, then e2e tests on the local cluster (brought up if needed)"
+	@echo "make unit | e2e  one half of the suite"
+	@echo "make cluster-up | cluster-down   the local control plane with KWOK Blackwell nodes and Prometheus"
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test,plot]'
+	touch $@
+
+install: $(VENV)/.installed
+
+toolchain:
+	e2e/toolchain/build.sh
+
+deps: toolchain
+	e2e/install-system-deps.sh
+
+crds: install
+	$(PY) -m flashserve.cli crd -o $(CRD)
+
+check-crds: install
+	$(PY) -m flashserve.cli crd | diff -u $(CRD) -
+
+unit: install
+	$(PYTEST) tests
+
+e2e: install deps
+	$(PYTEST) e2e
+
+test: unit e2e
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+
+-include mk/*.mk

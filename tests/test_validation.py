@@ -1,0 +1,89 @@
+"""Each rule rejects what it should, naming the field path and the fix; valid specs pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashserve.api.validation import SpecError, parse_serving, parse_spec
+
+
+def cr(spec: dict, name: str = "flash") -> dict:
+    return {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": name}, "spec": spec}
+
+
+def errors_of(spec: dict) -> dict[str, str]:
+    with pytest.raises(SpecError) as exc:
+        parse_spec(spec)
+    return {e.path: e.message for e in exc.value.errors}
+
+
+def test_minimal_spec_is_a_sensible_deployment():
+    spec = parse_spec({})
+    assert spec.placement.accelerator == "GB200"
+    assert spec.model.name == "deepseek-ai/DeepSeek-V4.1-Flash-1017"
+    assert spec.model.served_model_names == ["deepseek-flash"]
+    assert spec.parallelism.expert_parallel and spec.engine.prefix_caching and spec.engine.speculative.enabled
+    assert spec.replicas == 1
+
+
+@pytest.mark.parametrize(
+    "spec, path, words",
+    [
+        ({"parallelism": {"tensorParallelSize": 2, "dataParallelSizeLocal": 4}}, "spec.parallelism.dataParallelSizeLocal", "GB200 node has 4"),
+        ({"placement": {"accelerator": "B200"}, "parallelism": {"dataParallelSizeLocal": 4}}, "spec.parallelism.dataParallelSizeLocal", "B200 node has 8"),
+        ({"parallelism": {"tensorParallelSize": 8}}, "spec.parallelism.dataParallelSizeLocal", "has 4"),
+        ({"parallelism": {"expertParallel": False, "dbo": {"enabled": True}}}, "spec.parallelism.dbo.enabled", "expertParallel"),
+        ({"parallelism": {"tensorParallelSize": 4, "dataParallelSizeLocal": 1, "dbo": {"enabled": True}}}, "spec.parallelism.dbo.enabled", "more than one data-parallel rank"),
+        ({"parallelism": {"expertParallel": False, "eplb": {"enabled": True}}}, "spec.parallelism.eplb.enabled", "expertParallel: true"),
+        ({"parallelism": {"expertParallel": False, "all2allBackend": "deepep_low_latency"}}, "spec.parallelism.all2allBackend", "expertParallel"),
+        ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "spec.autoscaling.minReplicas", "above maxReplicas"),
+        ({"autoscaling": {"sla": {"perUserTokensPerSecond": 0}}}, "spec.autoscaling.sla.perUserTokensPerSecond", "greater than 0"),
+        ({"parallelism": {"nodesPerReplica": 2}, "placement": {"nvlinkDomain": {"enabled": False}}}, "spec.placement.nvlinkDomain.enabled", "NVLink domain"),
+        ({"parallelism": {"nodesPerReplica": 19}}, "spec.parallelism.nodesPerReplica", "at most 18"),
+        ({"placement": {"accelerator": "B200", "computeDomain": {"enabled": True}}}, "spec.placement.computeDomain", "GB200/GB300"),
+        ({"model": {"source": {"huggingFace": {}, "pvc": {"claimName": "w"}}}}, "spec.model.source", "exactly one"),
+        ({"model": {"servedModelNames": ["a", "a"]}}, "spec.model.servedModelNames", "unique"),
+        ({"engine": {"maxNumSeqs": 4096, "maxNumBatchedTokens": 2048}}, "spec.engine.maxNumBatchedTokens", "at least maxNumSeqs"),
+        ({"engine": {"maxModelLen": "lots"}}, "spec.engine.maxModelLen", "not a context length"),
+        ({"engine": {"extraArgs": ["--enable-log-requests", "--tensor-parallel-size=2"]}}, "spec.engine.extraArgs[1]", "spec.parallelism.tensorParallelSize"),
+        ({"engine": {"extraArgs": ["-tp", "2"]}}, "spec.engine.extraArgs[0]", "operator manages"),
+        ({"engine": {"extraArgs": ["--max_num_seqs=5"]}}, "spec.engine.extraArgs[0]", "spec.engine.maxNumSeqs"),
+        ({"engine": {"extraArgs": ["--no-enable-prefix-caching"]}}, "spec.engine.extraArgs[0]", "spec.engine.prefixCaching"),
+        ({"engine": {"extraArgs": ["--compilation-config.cudagraph_mode=NONE"]}}, "spec.engine.extraArgs[0]", "cudaGraphMode"),
+        ({"engine": {"extraArgs": ["--custom-histogram-buckets={}"]}}, "spec.engine.extraArgs[0]", "operator manages"),
+        ({"engine": {"env": [{"name": "HF_TOKEN", "value": "x"}]}}, "spec.engine.env[0].name", "spec.model.source"),
+        ({"engine": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "spec.engine.env[1].name", "twice"),
+        ({"engine": {"kvCacheDtype": "int4"}}, "spec.engine.kvCacheDtype", "fp8_ds_mla"),
+        ({"placement": {"accelerator": "H100"}}, "spec.placement.accelerator", "GB200"),
+        ({"enginee": {}}, "spec.enginee", "unknown field"),
+        ({"replicas": -1}, "spec.replicas", "greater than or equal to 0"),
+    ],
+)
+def test_rule(spec, path, words):
+    errs = errors_of(spec)
+    assert path in errs, errs
+    assert words in errs[path]
+
+
+def test_all_broken_rules_are_reported_together():
+    errs = errors_of({"autoscaling": {"minReplicas": 3, "maxReplicas": 1},
+                      "parallelism": {"expertParallel": False, "eplb": {"enabled": True}}})  # fmt: skip
+    assert {"spec.autoscaling.minReplicas", "spec.parallelism.eplb.enabled"} <= set(errs)
+
+
+def test_unmanaged_extra_args_and_env_are_allowed():
+    spec = parse_spec({"engine": {"extraArgs": ["--enable-log-requests", "--tool-call-parser", "deepseek_v3"],
+                                  "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]}})  # fmt: skip
+    assert spec.engine.extra_args[0] == "--enable-log-requests"
+
+
+def test_document_level_errors_name_fields():
+    with pytest.raises(SpecError) as exc:
+        parse_serving({"apiVersion": "v1", "kind": "Pod", "spec": {}})
+    paths = [e.path for e in exc.value.errors]
+    assert paths == ["apiVersion", "kind", "metadata.name"]
+
+
+def test_valid_cr_parses():
+    obj = parse_serving(cr({"placement": {"accelerator": "B300"}}))
+    assert obj.spec.placement.accelerator == "B300"

@@ -1,0 +1,112 @@
+"""The vLLM command line: only known vLLM 0.33 flags, the documented multi-node pattern, SLA-aware buckets,
+and a start-rank wrapper that user values cannot inject into."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+
+from flashserve.api.validation import parse_spec
+from flashserve.layout import layout
+from flashserve.vllm_args import START_RANK_SCRIPT, command, itl_buckets, vllm_args
+from flashserve.vllm_flags import DEFAULT_ITL_BUCKETS, lookup
+
+WIDE_EP = {
+    "parallelism": {"nodesPerReplica": 2, "all2allBackend": "deepep_low_latency", "dbo": {"enabled": True},
+                    "eplb": {"enabled": True}},  # fmt: skip
+    "engine": {"attentionBackend": "FLASHINFER_MLA", "cudaGraphMode": "FULL_DECODE_ONLY", "asyncScheduling": True},
+}
+
+
+def flags(args: list[str]) -> list[str]:
+    return [a for a in args if a.startswith("-")]
+
+
+@pytest.mark.parametrize("spec", [{}, WIDE_EP, {"placement": {"accelerator": "B200"}},
+                                  {"engine": {"prefixCaching": False, "speculative": {"enabled": False}}}])  # fmt: skip
+def test_every_emitted_flag_is_a_vllm_033_flag(spec):
+    s = parse_spec(spec)
+    for flag in flags(vllm_args(s, layout(s), "leader")):
+        assert lookup(flag) is not None, f"{flag} is not in the vLLM 0.33 flag table"
+
+
+def test_single_node_gb200_defaults():
+    s = parse_spec({})
+    args = vllm_args(s, layout(s))
+    assert args[0] == "deepseek-ai/DeepSeek-V4.1-Flash-1017"
+    joined = " ".join(args)
+    assert "--data-parallel-size 4" in joined and "--tensor-parallel-size 1" in joined
+    assert "--enable-expert-parallel" in args and "--enable-prefix-caching" in args
+    assert "--data-parallel-address" not in args and "--data-parallel-size-local" not in args
+    assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert command(layout(s)) == ["vllm", "serve"]
+
+
+def test_multi_node_pattern():
+    s = parse_spec(WIDE_EP)
+    lay = layout(s)
+    args = vllm_args(s, lay, "g0-0.g0.ns.svc")
+    pairs = dict(zip(args, args[1:]))
+    assert pairs["--data-parallel-size"] == "8" and pairs["--data-parallel-size-local"] == "4"
+    assert pairs["--data-parallel-address"] == "g0-0.g0.ns.svc" and pairs["--data-parallel-rpc-port"] == "29550"
+    assert pairs["--all2all-backend"] == "deepep_low_latency"
+    assert "--enable-dbo" in args and "--enable-eplb" in args and "--headless" not in args
+    assert json.loads(pairs["--eplb-config"])["num_redundant_experts"] == 32
+    assert json.loads(pairs["--compilation-config"]) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert "--data-parallel-start-rank" not in args  # computed per pod by the wrapper
+    assert command(lay)[:2] == ["/bin/sh", "-c"] and command(lay)[2] == START_RANK_SCRIPT
+
+
+def test_itl_buckets_resolve_the_sla():
+    b = itl_buckets(100.0)
+    assert b == sorted(set(b)) and all(x > 0 for x in b)
+    assert set(DEFAULT_ITL_BUCKETS) <= set(b)
+    below = [x for x in b if x < 0.01]
+    assert len(below) >= 5, "speeds above 100 tok/s must be resolvable"
+    assert 0.0095 in b and 0.0105 in b
+    s = parse_spec({"autoscaling": {"sla": {"perUserTokensPerSecond": 50}}})
+    args = vllm_args(s, layout(s))
+    buckets = json.loads(args[args.index("--custom-histogram-buckets") + 1])
+    assert 0.02 in buckets["inter_token_latency"] and 0.019 in buckets["inter_token_latency"]
+
+
+def test_extra_args_follow_managed_ones():
+    s = parse_spec({"engine": {"extraArgs": ["--enable-log-requests"]}})
+    assert vllm_args(s, layout(s))[-1] == "--enable-log-requests"
+
+
+def test_pvc_source_points_vllm_at_the_mount():
+    s = parse_spec({"model": {"source": {"pvc": {"claimName": "weights", "path": "/deepseek/flash/"}}}})
+    assert vllm_args(s, layout(s))[0] == "/models/deepseek/flash"
+
+
+@pytest.mark.parametrize("hostile", ['$(touch {marker})', '`touch {marker}`', '"; touch {marker}; echo "',
+                                     "'; touch {marker}; '", "a\ntouch {marker}"])  # fmt: skip
+def test_start_rank_wrapper_passes_user_values_as_data(tmp_path, hostile):
+    marker = tmp_path / "pwned"
+    fake = tmp_path / "bin" / "vllm"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    value = hostile.format(marker=marker)
+    s = parse_spec({**WIDE_EP, "engine": {"extraArgs": ["--tool-call-parser", value]}})
+    lay = layout(s)
+    env = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "FLASHSERVE_POD_INDEX": "1", "FLASHSERVE_DP_LOCAL": "4"}
+    out = subprocess.run([*command(lay), *vllm_args(s, lay, "leader")], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.split("\n")
+    assert not marker.exists(), "a user value was executed"
+    assert value.split("\n")[0] in printed
+    assert printed[printed.index("--data-parallel-start-rank") + 1] == "4"
+
+
+def test_start_rank_wrapper_refuses_a_bad_pod_index(tmp_path):
+    s = parse_spec(WIDE_EP)
+    lay = layout(s)
+    env = {"PATH": os.environ["PATH"], "FLASHSERVE_POD_INDEX": "1;reboot", "FLASHSERVE_DP_LOCAL": "4"}
+    out = subprocess.run([*command(lay), "x"], env=env, capture_output=True, text=True)
+    assert out.returncode == 64 and "bad pod index" in out.stderr
