@@ -65,16 +65,18 @@ command -v go >/dev/null || { echo "error: Go is required to build the toolchain
 mkdir -p "$bin"
 start=$(date +%s)
 
-build() {  # name dir ldflags package...
-  local name=$1 dir=$2 ldflags=$3; shift 3
-  local missing=0
-  for p in "$@"; do [ -x "$bin/$(basename "$p")" ] || missing=1; done
+build() {  # name dir ldflags "binaries it yields" package...
+  local name=$1 dir=$2 ldflags=$3 outputs=$4; shift 4
+  local missing=0 b
+  for b in $outputs; do [ -x "$bin/$b" ] || missing=1; done
   [ "$missing" = 1 ] || { log "$name: cached"; return; }
   log "$name: building $* (this is the slow part on a new machine)"
   local t0; t0=$(date +%s)
   # Build into a temporary directory and move into place so an interrupted build never leaves a partial binary.
   local tmp; tmp=$(mktemp -d "$bin/.build.XXXXXX")
   (cd "$here/$dir" && go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$tmp/" "$@")
+  # go names etcd's binary after its module path's last element ("server").
+  [ ! -e "$tmp/server" ] || mv "$tmp/server" "$tmp/etcd"
   mv "$tmp"/* "$bin/" && rmdir "$tmp"
   log "$name: done in $(( $(date +%s) - t0 ))s"
 }
@@ -86,11 +88,12 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-build etcd etcd "-s -w" go.etcd.io/etcd/server/v3
-mv -f "$bin/v3" "$bin/etcd" 2>/dev/null || true
-build kwok kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
-build helm helm "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" helm.sh/helm/v3/cmd/helm
-build kubernetes kubernetes "$kldflags" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+build etcd etcd "-s -w" etcd go.etcd.io/etcd/server/v3
+build kwok kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" "kwok kwokctl" \
+  sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
+build helm helm "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" helm helm.sh/helm/v3/cmd/helm
+build kubernetes kubernetes "$kldflags" "kube-apiserver kube-controller-manager kube-scheduler kubectl" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 
 complete || { echo "error: toolchain incomplete in $bin" >&2; exit 1; }
