@@ -107,8 +107,11 @@ def test_cel_rules_present_for_key_cross_field_rules():
 
 def test_nested_objects_default_to_empty_so_defaults_apply():
     spec = generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    from flashserve.api.v1alpha1 import DeepSeekServingSpec
+
+    defaults = DeepSeekServingSpec().dump()
     for key in ("model", "engine", "parallelism", "placement", "autoscaling", "rollout"):
-        assert spec["properties"][key]["default"] == {}, key
+        assert spec["properties"][key]["default"] == defaults[key], key
     tol = spec["properties"]["placement"]["properties"]["tolerations"]["default"]
     assert tol == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 

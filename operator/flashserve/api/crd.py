@@ -4,6 +4,7 @@ The API server requires a structural schema: no `$ref`, `nullable` instead of `a
 `x-kubernetes-int-or-string` for int-or-string fields, OpenAPI 3.0 boolean `exclusiveMinimum`, and no
 `additionalProperties: false` (unknown fields are pruned instead). Object fields get `default: {}` so the API
 server fills in nested defaults and the stored object shows what will be served.
+Object fields default to their fully defaulted value, so the CEL rules always find the fields they read.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def _default_for(cls: type[BaseModel], field_name: str) -> Any:
         return None
     value = field.default_factory()
     if isinstance(value, BaseModel):
-        return {}  # nested defaults come from the nested schema
+        # The whole defaulted object, not {}: the API server checks defaults against the CEL rules, which
+        # read nested fields that an empty default would not have yet.
+        return value.model_dump(by_alias=True, exclude_none=True, mode="json")
     return TypeAdapter(field.annotation).dump_python(value, by_alias=True, mode="json", exclude_none=True)
 
 

@@ -153,7 +153,7 @@ class EngineSpec(_Model):
     """CUDA graph mode (compilation config `cudagraph_mode`); unset keeps vLLM's default FULL_AND_PIECEWISE."""
     async_scheduling: bool = False
     """Overlap scheduling with execution (`--async-scheduling`)."""
-    extra_args: list[Annotated[str, Field(max_length=MAX_STRING)]] = Field(default_factory=list, max_length=MAX_LIST)
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=MAX_LIST)
     """Further `vllm serve` arguments, passed as separate arguments (never through a shell). Flags the
     operator manages (parallelism, port, model, buckets, ...) are refused: set the matching field instead."""
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST)

@@ -1,0 +1,130 @@
+"""Leader election on a coordination.k8s.io Lease, so that of several operator replicas exactly one acts.
+
+kopf's own peering freezes every operator when two share a priority, and lets two act for a moment while a
+new higher-priority peer is noticed. A Lease gives the usual Kubernetes guarantee instead: the holder renews
+it; if it cannot renew within `renew_deadline` it stops acting (the process exits and is restarted), and a
+standby can take the lease only after `lease_duration` has passed since the last renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import socket
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class LeaseElector:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str = "flashserve-operator",
+        identity: str | None = None,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+    ):
+        self.coord = client.CoordinationV1Api(api)
+        self.namespace, self.name = namespace, name
+        self.identity = identity or f"{socket.gethostname()}_{os.getpid()}"
+        self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
+
+    def _try_acquire_or_renew(self) -> bool:
+        now = _now()
+        try:
+            lease = self.coord.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = client.V1Lease(
+                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                spec=client.V1LeaseSpec(
+                    holder_identity=self.identity,
+                    lease_duration_seconds=int(self.lease_duration),
+                    acquire_time=now,
+                    renew_time=now,
+                    lease_transitions=0,
+                ),
+            )
+            try:
+                self.coord.create_namespaced_lease(self.namespace, body)
+                return True
+            except ApiException as exc2:
+                if exc2.status == 409:
+                    return False  # another replica created it first
+                raise
+        spec = lease.spec
+        holder = spec.holder_identity
+        renewed = spec.renew_time or spec.acquire_time
+        duration = spec.lease_duration_seconds or int(self.lease_duration)
+        expired = renewed is None or (now - renewed).total_seconds() > duration
+        if holder and holder != self.identity and not expired:
+            return False
+        if holder != self.identity:
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.holder_identity = self.identity
+        spec.renew_time = now
+        spec.lease_duration_seconds = int(self.lease_duration)
+        try:
+            # resourceVersion in `lease` makes this a compare-and-swap: a racing replica gets 409.
+            self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    async def acquire(self) -> None:
+        """Wait until this replica holds the lease."""
+        announced = False
+        while True:
+            try:
+                if await asyncio.to_thread(self._try_acquire_or_renew):
+                    log.info("leader election: %s acquired lease %s/%s", self.identity, self.namespace, self.name)
+                    return
+            except Exception as exc:  # API server unreachable: keep trying, never act without the lease
+                log.warning("leader election: cannot reach the lease (%s)", exc)
+            if not announced:
+                log.info("leader election: standing by; lease %s/%s is held by another replica", self.namespace, self.name)
+                announced = True
+            await asyncio.sleep(self.retry_period)
+
+    async def hold(self) -> None:
+        """Renew the lease until renewal fails for longer than renew_deadline; then return (leadership lost)."""
+        last_ok = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            try:
+                ok = await asyncio.wait_for(asyncio.to_thread(self._try_acquire_or_renew), self.renew_deadline)
+            except Exception as exc:
+                log.warning("leader election: renewal failed (%s)", exc)
+                ok = False
+            now = asyncio.get_running_loop().time()
+            if ok:
+                last_ok = now
+            elif now - last_ok > self.renew_deadline:
+                log.error("leader election: lease lost (not renewed for %.0fs)", now - last_ok)
+                return
+
+    def release(self) -> None:
+        """Give the lease up on a clean shutdown so a standby takes over without waiting for expiry."""
+        try:
+            lease = self.coord.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec.holder_identity == self.identity:
+                lease.spec.holder_identity = None
+                lease.spec.lease_duration_seconds = 1
+                self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
+        except Exception as exc:  # best effort: expiry releases it anyway
+            log.warning("leader election: release failed (%s)", exc)

@@ -1,0 +1,160 @@
+"""`flashserve run`: the operator process.
+
+Of several replicas only the Lease holder runs the controller (see leader.py); the others stand by. kopf is
+set up with its finalizer and annotations under flashserve.io, server- and client-side watch timeouts (a
+silent watch is dropped and re-established instead of stalling the operator), and a liveness endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import kopf
+from kubernetes import client, config
+
+from flashserve.controller.leader import LeaseElector
+from flashserve.controller.reconciler import Controller
+
+log = logging.getLogger("flashserve")
+
+
+def _api_client(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        config.load_incluster_config()
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 16
+    return client.ApiClient(cfg)
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="flashserve run", description=__doc__)
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=None,
+                       help="watch only this namespace (repeatable); default: all namespaces")  # fmt: skip
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (the default)")
+    p.add_argument("--resync-seconds", type=float, default=float(env("FLASHSERVE_RESYNC_SECONDS", "30")),
+                   help="reconcile every serving at least this often (default 30)")  # fmt: skip
+    p.add_argument("--prometheus-url", default=env("FLASHSERVE_PROMETHEUS_URL"),
+                   help="Prometheus for autoscaling when a serving does not name one")  # fmt: skip
+    p.add_argument("--liveness", default=env("FLASHSERVE_LIVENESS", "http://127.0.0.1:8081/healthz"),
+                   help="liveness endpoint URL to serve (empty to disable)")  # fmt: skip
+    p.add_argument("--metrics-address", default=env("FLASHSERVE_METRICS_ADDRESS", "127.0.0.1:8082"),
+                   help="host:port of the operator's own Prometheus metrics (empty to disable)")  # fmt: skip
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                   help="hold a Lease so only one replica acts (default on)")  # fmt: skip
+    p.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "default"))
+    p.add_argument("--lease-name", default="flashserve-operator")
+    p.add_argument("--watch-timeout", type=int, default=int(env("FLASHSERVE_WATCH_TIMEOUT", "300")),
+                   help="server-side watch timeout in seconds; the client gives up 30 s later")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def _configure_kopf(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
+    settings.persistence.finalizer = "flashserve.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="flashserve.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="flashserve.io", key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = args.watch_timeout
+    settings.watching.client_timeout = args.watch_timeout + 30
+    settings.watching.connect_timeout = 10
+    settings.watching.reconnect_backoff = 1.0
+    settings.networking.request_timeout = 30
+    settings.posting.level = logging.WARNING  # only warnings from logs become Events; the rest are explicit
+    settings.peering.standalone = True  # the Lease decides who acts
+    settings.execution.max_workers = 4
+
+
+async def _run(args: argparse.Namespace) -> int:
+    import flashserve.controller.handlers  # noqa: F401  (registers the handlers)
+
+    api = _api_client(args.kubeconfig)
+    elector = None
+    if args.leader_elect:
+        elector = LeaseElector(api, args.lease_namespace, args.lease_name)
+        await elector.acquire()
+
+    controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url)
+    try:
+        from flashserve.controller.autoscale import Autoscaler
+    except ImportError:
+        Autoscaler = None  # type: ignore[assignment,misc]
+    if Autoscaler is not None:
+        controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url)
+    if args.metrics_address:
+        from flashserve.controller.metrics import serve_metrics
+
+        host, _, port = args.metrics_address.rpartition(":")
+        serve_metrics(host or "127.0.0.1", int(port), controller)
+
+    @kopf.on.startup()
+    def configure(settings: kopf.OperatorSettings, **_: object) -> None:
+        _configure_kopf(settings, args)
+
+    @kopf.on.login()
+    def login(**kwargs: object) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_kubeconfig(**kwargs) if (args.kubeconfig or os.environ.get("KUBECONFIG")) else (
+            kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        )
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    stop = asyncio.Event()
+    operator = asyncio.create_task(
+        kopf.operator(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or [],
+            liveness_endpoint=args.liveness or None,
+            memo=kopf.Memo(controller=controller),
+            stop_flag=stop,
+        )
+    )
+    tasks = {operator}
+    lost = asyncio.create_task(elector.hold()) if elector else None
+    if lost:
+        tasks.add(lost)
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        done = set()
+    if lost is not None and lost in done:
+        log.error("leadership lost: stopping so that the new leader acts alone")
+        stop.set()
+        await asyncio.wait({operator}, timeout=15)
+        return 1
+    stop.set()
+    if lost is not None:
+        lost.cancel()
+    await asyncio.wait({operator}, timeout=15)
+    if elector is not None:
+        await asyncio.to_thread(elector.release)
+    if operator.done() and operator.exception():
+        raise operator.exception()  # type: ignore[misc]
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if not args.verbose:  # kopf logs every handler call at INFO; our own messages that matter are warnings
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        return asyncio.run(_run(args))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,29 @@
+"""The operator's own Prometheus metrics, served on a loopback port by default."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily
+
+REGISTRY = CollectorRegistry()
+
+
+class _ControllerCollector:
+    def __init__(self, controller: object):
+        self.controller = controller
+
+    def collect(self):
+        stats = self.controller.stats
+        yield CounterMetricFamily("flashserve_reconciles", "Reconciles run", value=stats.reconciles)
+        yield CounterMetricFamily("flashserve_child_writes", "Writes to child objects", value=stats.writes)
+        yield CounterMetricFamily("flashserve_status_writes", "Status updates", value=stats.status_writes)
+        yield CounterMetricFamily("flashserve_api_requests", "API requests made by reconciles",
+                                  value=self.controller.kube.requests)  # fmt: skip
+        scaler = getattr(self.controller, "autoscaler", None)
+        if scaler is not None and hasattr(scaler, "collect"):
+            yield from scaler.collect()
+
+
+def serve_metrics(host: str, port: int, controller: object) -> None:
+    REGISTRY.register(_ControllerCollector(controller))
+    start_http_server(port, addr=host, registry=REGISTRY)

@@ -1,0 +1,97 @@
+"""What the controller sees of a serving's children, reduced to the few fields it decides on.
+
+Children reach the controller through kopf's in-memory indexes (fed by one watch per kind), so a reconcile
+reads nothing from the API server. The functions here turn raw objects into small, comparable values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flashserve.naming import GROUP_LABEL, SERVING_LABEL
+from flashserve.render import TEMPLATE_HASH_ANNOTATION
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    group: int
+    template_hash: str
+    ready: bool
+    terminating: bool
+    phase: str
+    unschedulable: bool  # the scheduler found no node: the pool is exhausted or placement impossible
+    restarts: int
+    node: str
+
+
+@dataclass
+class Observed:
+    statefulsets: dict[str, dict] = field(default_factory=dict)  # by name
+    services: dict[str, dict] = field(default_factory=dict)
+    pdbs: dict[str, dict] = field(default_factory=dict)
+    pods: list[PodView] = field(default_factory=list)
+
+
+def serving_key(namespace: str, labels: dict) -> tuple[str, str] | None:
+    serving = (labels or {}).get(SERVING_LABEL)
+    return (namespace, serving) if serving else None
+
+
+def slim(body: dict) -> dict:
+    """The parts of a child the controller compares against what it renders."""
+    meta = body.get("metadata", {})
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": dict(meta.get("annotations") or {}),
+            "ownerReferences": list(meta.get("ownerReferences") or []),
+            "deletionTimestamp": meta.get("deletionTimestamp"),
+        },
+        "spec": body.get("spec", {}),
+        "status": body.get("status", {}),
+    }
+
+
+def pod_view(body: dict) -> PodView:
+    meta, status = body.get("metadata", {}), body.get("status", {})
+    labels = meta.get("labels") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = conditions.get("Ready", {}).get("status") == "True"
+    sched = conditions.get("PodScheduled", {})
+    unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
+    restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
+    try:
+        group = int(labels.get(GROUP_LABEL, "-1"))
+    except ValueError:
+        group = -1
+    return PodView(
+        name=meta.get("name", ""),
+        group=group,
+        template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, ""),
+        ready=ready,
+        terminating=bool(meta.get("deletionTimestamp")),
+        phase=status.get("phase", "Pending"),
+        unschedulable=unschedulable,
+        restarts=restarts,
+        node=(body.get("spec") or {}).get("nodeName") or "",
+    )
+
+
+def is_subset(want: object, have: object) -> bool:
+    """True when every field we set has the value we set. The API server adds defaults (superset is fine) but
+    never drops or rewrites what an applier set, so this tells whether an apply would change anything."""
+    if isinstance(want, dict):
+        # Empty maps and lists are dropped by the API server (omitempty): absent is what we asked for.
+        return isinstance(have, dict) and all(
+            is_subset(v, have[k]) if k in have else v in ({}, [], None) for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
+    if isinstance(want, (int, float)) and isinstance(have, str) or isinstance(want, str) and isinstance(have, int):
+        return str(want) == str(have)
+    return want == have

@@ -1,0 +1,118 @@
+"""Status per Kubernetes API conventions, computed purely from the plan's view of the groups.
+
+Conditions: Ready, Progressing, Degraded (plus MetricsAvailable and ScalingLimited from the autoscaler).
+A condition's lastTransitionTime changes only when its status does; reason and message may change freely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashserve.controller.plan import GroupState
+
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "MetricsAvailable", "ScalingLimited")
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str = ""
+
+
+def merge_conditions(previous: list[dict] | None, new: list[Cond], now: str, generation: int | None) -> list[dict]:
+    old = {c.get("type"): c for c in previous or []}
+    out = []
+    for c in new:
+        prev = old.pop(c.type, None)
+        changed = prev is None or prev.get("status") != c.status
+        cond = {
+            "type": c.type,
+            "status": c.status,
+            "reason": c.reason,
+            "message": c.message,
+            "lastTransitionTime": now if changed else prev.get("lastTransitionTime", now),
+        }
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        out.append(cond)
+    out += [c for t, c in old.items() if t in CONDITION_TYPES and t not in {n.type for n in new}]
+    return sorted(out, key=lambda c: CONDITION_TYPES.index(c["type"]) if c["type"] in CONDITION_TYPES else 99)
+
+
+def group_conditions(groups: list[GroupState], desired: int, extra_groups: int) -> list[Cond]:
+    ready = sum(g.ready for g in groups)
+    updated = sum(g.updated and g.ready for g in groups)
+    unschedulable = [g.index for g in groups if g.unschedulable]
+    conds = []
+    if desired == 0:
+        conds.append(Cond("Ready", "True", "ScaledToZero", "no replica groups requested"))
+    elif ready >= desired:
+        conds.append(Cond("Ready", "True", "AllReplicasReady", f"{ready}/{desired} replica groups ready"))
+    elif ready > 0:
+        conds.append(Cond("Ready", "False", "PartiallyReady", f"{ready}/{desired} replica groups ready"))
+    else:
+        conds.append(Cond("Ready", "False", "ReplicasNotReady", f"0/{desired} replica groups ready"))
+
+    outdated = [g.index for g in groups if g.exists and not g.updated]
+    missing = [g.index for g in groups if not g.exists]
+    if outdated:
+        conds.append(Cond("Progressing", "True", "RollingUpdate",
+                          f"{updated}/{desired} groups updated; waiting on groups {_ids(outdated)}"))  # fmt: skip
+    elif missing or extra_groups:
+        conds.append(Cond("Progressing", "True", "Scaling",
+                          f"creating groups {_ids(missing)}" if missing else f"removing {extra_groups} groups"))  # fmt: skip
+    elif ready < desired:
+        conds.append(Cond("Progressing", "True", "WaitingForReady", f"{ready}/{desired} replica groups ready"))
+    else:
+        conds.append(Cond("Progressing", "False", "Complete", "all replica groups updated and ready"))
+
+    if unschedulable:
+        conds.append(Cond("Degraded", "True", "PodsUnschedulable",
+                          f"groups {_ids(unschedulable)} have pods no node can take (pool exhausted or placement "
+                          "impossible)"))  # fmt: skip
+    else:
+        conds.append(Cond("Degraded", "False", "AsExpected", ""))
+    return conds
+
+
+def invalid_spec_conditions(message: str) -> list[Cond]:
+    return [
+        Cond("Ready", "False", "InvalidSpec", message),
+        Cond("Progressing", "False", "InvalidSpec", "fix the spec; children are left as they are"),
+        Cond("Degraded", "True", "InvalidSpec", message),
+    ]
+
+
+def _ids(indices: list[int]) -> str:
+    return ",".join(map(str, indices[:10])) + ("..." if len(indices) > 10 else "")
+
+
+def group_counts(groups: list[GroupState]) -> dict[str, int]:
+    return {
+        "replicas": sum(g.exists for g in groups),
+        "readyReplicas": sum(g.ready for g in groups),
+        "updatedReplicas": sum(g.updated for g in groups),
+    }
+
+
+def transitions(previous: list[dict] | None, current: list[dict]) -> list[tuple[str, str, str]]:
+    """Events worth telling a user: (type, reason, message) for each condition that changed status or reason."""
+    old = {c.get("type"): c for c in previous or []}
+    events = []
+    for c in current:
+        p = old.get(c["type"])
+        if p is not None and p.get("status") == c["status"] and p.get("reason") == c["reason"]:
+            continue
+        if c["type"] == "Ready":
+            kind = "Normal" if c["status"] == "True" else "Warning"
+            if p is None and c["status"] != "True" and c["reason"] != "InvalidSpec":
+                continue  # a new serving is not ready yet: not news
+            events.append((kind, c["reason"], c["message"]))
+        elif c["type"] == "Degraded" and c["status"] == "True":
+            events.append(("Warning", c["reason"], c["message"]))
+        elif c["type"] == "Progressing" and c["reason"] in ("RollingUpdate", "Complete") and p is not None:
+            events.append(("Normal", "RolloutStarted" if c["reason"] == "RollingUpdate" else "RolloutComplete",
+                           c["message"]))  # fmt: skip
+    return events

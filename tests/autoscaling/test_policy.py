@@ -1,0 +1,363 @@
+"""The policy's required behaviours, each as a decision (or a short closed loop) that would fail without it."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from flashserve.api.v1alpha1 import AutoscalingSpec
+from flashserve.autoscaling import MetricsSnapshot, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts, decide
+from flashserve.autoscaling import policy as P
+
+from .toy import Fleet, curve, snapshot
+
+CAP = 256.0  # the default prior, used as the truth where a test is not about learning
+CFG = PolicyConfig(min_replicas=1, max_replicas=10, replica_startup_s=900.0, evaluation_interval_s=15.0)
+SPEED = curve(CAP)
+
+
+def run(now, running, counts, cfg=CFG, state=None, waiting=0.0, speed=SPEED, **extra):
+    snap = snapshot(now, running, counts.ready, speed, waiting=waiting, **extra) if counts.ready else None
+    return decide(PolicyInputs(now, snap, counts, cfg), state or PolicyState())
+
+
+# ------------------------------------------------------------------------------------------ scale up
+
+
+def test_adds_the_whole_shortfall_at_once():
+    # 2 ready replicas, demand for 5: one decision goes straight to 5, not +1.
+    d = run(0.0, 5 * CAP - 10, ReplicaCounts(desired=2, ready=2))
+    assert d.desired == 5 and d.apply
+    assert d.reason == P.SLA_BREACH
+    assert d.sla_state == P.SLA_BREACHED
+
+
+def test_starting_replicas_count_as_capacity():
+    # 2 ready + 2 starting; demand for 5: add 1 (not 3, not 5 on top).
+    d = run(0.0, 5 * CAP - 10, ReplicaCounts(desired=4, ready=2, starting=2))
+    assert d.desired == 5
+    # demand for 4: the starting replicas cover it, though users are below target meanwhile.
+    d = run(0.0, 4 * CAP - 10, ReplicaCounts(desired=4, ready=2, starting=2))
+    assert d.desired == 4 and not d.apply
+    assert d.reason == P.HOLD_STARTING and d.sla_state == P.SLA_BREACHED
+
+
+def test_predicted_risk_scales_up_before_a_breach():
+    # Demand has just jumped (the running gauge shows it) but the speed window was taken at the old load:
+    # users are still fine, yet the capacity says 2 replicas cannot serve what is running now.
+    d = run(0.0, 3 * CAP, ReplicaCounts(desired=2, ready=2), running_avg=2 * CAP * 0.8)
+    assert d.readings["speedAtPercentile"] > 100
+    assert d.desired == 3 and d.reason == P.SLA_AT_RISK and d.sla_state == P.SLA_AT_RISK
+
+
+def test_breach_the_model_does_not_explain_uses_the_observed_point():
+    # The true capacity is half the prior: at 200 users/replica users see < SLA although the prior says 256.
+    state = PolicyState()
+    counts = ReplicaCounts(desired=2, ready=2)
+    d = run(0.0, 400, counts, state=state, speed=curve(100.0))
+    assert d.desired == 4, d.message  # 400 users at ~100/replica, from the observed point alone
+    assert d.reason == P.SLA_BREACH
+
+
+def test_unexplained_breach_adds_one_after_confirmation():
+    # Speed is low but flat in concurrency (something else slows users): the model cannot size the
+    # shortfall, so after the confirmation time one replica is added to learn from.
+    cfg = CFG
+    state = PolicyState()
+    counts = ReplicaCounts(desired=2, ready=2)
+    flat = lambda c: 95.0  # noqa: E731
+    d = run(0.0, 100, counts, state=state, speed=flat)
+    assert d.desired == 2 and d.reason == P.HOLD_STABILIZING
+    d = run(cfg.breach_confirm_s, 100, counts, state=d.state, speed=flat)
+    assert d.desired == 3 and d.reason == P.SLA_BREACH
+
+
+def test_scale_up_stabilization():
+    cfg = PolicyConfig(max_replicas=10, scale_up_stabilization_s=60.0)
+    counts = ReplicaCounts(desired=2, ready=2)
+    d = run(0.0, 4 * CAP, counts, cfg=cfg)
+    assert d.desired == 2 and d.reason == P.HOLD_STABILIZING
+    d = run(45.0, 4 * CAP, counts, cfg=cfg, state=d.state)
+    assert d.desired == 2
+    d = run(60.0, 4 * CAP, counts, cfg=cfg, state=d.state)
+    assert d.desired == 4
+
+
+def test_ttft_breach_with_queue_scales_up():
+    cfg = PolicyConfig(max_replicas=10, ttft_seconds=2.0)
+    # Speed is fine, but requests queue (KV or max_num_seqs bound) and TTFT exceeds its target.
+    d = run(0.0, 2 * CAP * 0.9, ReplicaCounts(desired=2, ready=2), cfg=cfg, waiting=300,
+            speed=lambda c: 120.0, ttft_at_percentile_s=5.0)  # fmt: skip
+    assert d.desired == 3 and d.reason == P.TTFT_BREACH
+
+
+def test_kv_cache_limit_lowers_capacity():
+    # 150 users/replica already fill 90% of the KV cache: memory caps a replica at 150, not 256.
+    d = run(0.0, 300, ReplicaCounts(desired=2, ready=2), waiting=150, kv_usage_avg=0.9, kv_usage_max=0.95)
+    assert d.readings["capacityKV"] == pytest.approx(150)
+    assert d.desired == 3
+
+
+# ---------------------------------------------------------------------------------------- scale down
+
+
+def _quiet(state, now, counts, running=100.0, cfg=CFG):
+    return run(now, running, counts, cfg=cfg, state=state)
+
+
+def test_scale_down_waits_for_the_delay_then_steps_one_at_a_time():
+    cfg = CFG
+    counts = ReplicaCounts(desired=4, ready=4)
+    state, t, history = PolicyState(), 0.0, []
+    while t <= cfg.down_delay_s + 20 * cfg.settle_s:
+        d = _quiet(state, t, counts)
+        state = d.state
+        if d.apply:
+            history.append((t, d.current, d.desired))
+            counts = ReplicaCounts(desired=d.desired, ready=d.desired)
+        t += cfg.evaluation_interval_s
+    assert history[0][0] >= cfg.down_delay_s  # not before the surplus lasted the delay (= start-up time)
+    assert all(frm - to == 1 for _, frm, to in history)  # one group per step
+    assert [to for _, _, to in history] == [3, 2, 1]
+    gaps = [b[0] - a[0] for a, b in zip(history, history[1:])]
+    assert all(g >= cfg.settle_s for g in gaps)
+    assert counts.desired == 1  # min
+
+
+def test_scale_down_step_and_explicit_delay():
+    cfg = PolicyConfig(max_replicas=10, scale_down_delay_s=120.0, scale_down_step=2, replica_startup_s=900)
+    counts = ReplicaCounts(desired=6, ready=6)
+    d = _quiet(PolicyState(), 0.0, counts, running=10.0, cfg=cfg)
+    assert d.reason == P.HOLD_SURPLUS and d.desired == 6
+    d = _quiet(d.state, 119.0, counts, running=10.0, cfg=cfg)
+    assert d.desired == 6
+    d = _quiet(d.state, 120.0, counts, running=10.0, cfg=cfg)
+    assert d.desired == 4 and d.reason == P.SURPLUS_RELEASED
+
+
+def test_surplus_timer_restarts_when_the_surplus_goes_away():
+    counts = ReplicaCounts(desired=4, ready=4)
+    d = _quiet(PolicyState(), 0.0, counts)
+    d = _quiet(d.state, 800.0, counts)
+    d = run(815.0, 3.5 * CAP, counts, state=d.state)  # load back: no surplus
+    assert d.desired == 4
+    d = _quiet(d.state, 830.0, counts)
+    d = _quiet(d.state, 1000.0, counts)
+    assert d.desired == 4  # 170 s of surplus, not 1000
+    d = _quiet(d.state, 830.0 + CFG.down_delay_s, counts)
+    assert d.desired == 3
+
+
+def test_never_below_min():
+    cfg = PolicyConfig(min_replicas=3, max_replicas=10, scale_down_delay_s=0)
+    counts = ReplicaCounts(desired=4, ready=4)
+    state = PolicyState()
+    for t in range(0, 3600, 15):
+        d = run(float(t), 0.0, counts, cfg=cfg, state=state)
+        state = d.state
+        if d.apply:
+            counts = ReplicaCounts(desired=d.desired, ready=d.desired)
+    assert counts.desired == 3
+    assert d.condition(P.SCALING_LIMITED).reason == P.AT_MIN
+
+
+def test_never_below_demand_and_hysteresis():
+    # 600 users at 256/replica: 3 replicas run at 78%, 2 would run at 117%. It steps 5 -> 4 -> 3 and stops.
+    cfg = PolicyConfig(max_replicas=10, scale_down_delay_s=60)
+    counts = ReplicaCounts(desired=5, ready=5)
+    state = PolicyState()
+    for t in range(0, 7200, 15):
+        d = run(float(t), 600.0, counts, cfg=cfg, state=state)
+        state = d.state
+        if d.apply:
+            counts = ReplicaCounts(desired=d.desired, ready=d.desired)
+    assert counts.desired == 3
+    # 660 users: 3 replicas at 86% are within the band: no release to 2 (which would run at 129%), and no add.
+    d = run(7200.0, 660.0, counts, cfg=cfg, state=state)
+    assert d.desired == 3 and d.reason == P.STEADY
+
+
+def test_below_min_is_raised_even_without_metrics():
+    cfg = PolicyConfig(min_replicas=2, max_replicas=4)
+    d = decide(PolicyInputs(0.0, None, ReplicaCounts(desired=1, ready=1), cfg), PolicyState())
+    assert d.desired == 2 and d.reason == P.BELOW_MIN and d.apply
+
+
+def test_above_max_is_lowered():
+    cfg = PolicyConfig(min_replicas=1, max_replicas=3)
+    d = run(0.0, 100.0, ReplicaCounts(desired=5, ready=5), cfg=cfg)
+    assert d.desired == 3 and d.reason == P.ABOVE_MAX
+
+
+# -------------------------------------------------------------------------------- missing metrics
+
+
+def test_missing_metrics_hold_and_never_scale_down_blind():
+    counts = ReplicaCounts(desired=4, ready=4)
+    d = _quiet(PolicyState(), 0.0, counts)
+    almost = CFG.down_delay_s - 15.0
+    d = _quiet(d.state, almost, counts)
+    assert d.desired == 4
+    d = decide(PolicyInputs(CFG.down_delay_s, None, counts, CFG, "connection refused"), d.state)
+    assert d.desired == 4 and not d.apply
+    assert d.reason == P.HOLD_MISSING_METRICS
+    cond = d.condition(P.METRICS_AVAILABLE)
+    assert (cond.status, cond.reason) == ("False", P.METRICS_MISSING)
+    assert "connection refused" in cond.message
+    assert d.sla_state == P.SLA_UNKNOWN
+    # Fresh metrics again: the surplus clock starts over, no release on the first reading after the gap.
+    d = _quiet(d.state, CFG.down_delay_s + 15.0, counts)
+    assert d.desired == 4 and d.reason == P.HOLD_SURPLUS
+    assert d.condition(P.METRICS_AVAILABLE).status == "True"
+
+
+def test_missing_metrics_do_not_scale_up_either():
+    counts = ReplicaCounts(desired=2, ready=2)
+    d = decide(PolicyInputs(0.0, None, counts, CFG), PolicyState())
+    assert d.desired == 2 and d.reason == P.HOLD_MISSING_METRICS
+
+
+def test_stale_metrics_hold():
+    counts = ReplicaCounts(desired=4, ready=4)
+    old = MetricsSnapshot(time=0.0, sample_age_s=400.0, window_s=60, percentile=90, running=0.0, waiting=0.0)
+    state = PolicyState(surplus_since=-10_000.0, ready=4, ready_changed_at=-10_000.0, last_desired=4)
+    d = decide(PolicyInputs(0.0, old, counts, CFG), state)
+    assert d.desired == 4 and d.reason == P.HOLD_STALE_METRICS
+    assert d.condition(P.METRICS_AVAILABLE).reason == P.METRICS_STALE
+    # A snapshot fetched long ago is stale too, however fresh it was then.
+    fetched = MetricsSnapshot(time=0.0, sample_age_s=5.0, window_s=60, percentile=90, running=0.0, waiting=0.0)
+    d = decide(PolicyInputs(600.0, fetched, counts, CFG), state)
+    assert d.reason == P.HOLD_STALE_METRICS
+
+
+def test_no_ready_replica_holds():
+    counts = ReplicaCounts(desired=3, ready=0, starting=3)
+    snap = MetricsSnapshot(time=0.0, sample_age_s=5.0, window_s=60, percentile=90, running=0.0, waiting=0.0)
+    state = PolicyState(surplus_since=-10_000.0)
+    d = decide(PolicyInputs(0.0, snap, counts, CFG), state)
+    assert d.desired == 3 and d.reason == P.HOLD_NO_READY
+
+
+# ----------------------------------------------------------------------------------------- limits
+
+
+def test_pending_pods_limit_and_no_further_adds():
+    counts = ReplicaCounts(desired=4, ready=3, pending=1)
+    d = run(0.0, 8 * CAP, counts)
+    assert d.desired == 4 and not d.apply
+    assert d.reason == P.HOLD_PENDING
+    cond = d.condition(P.SCALING_LIMITED)
+    assert (cond.status, cond.reason) == ("True", P.PENDING_PODS)
+    # still holding an evaluation later
+    d = run(15.0, 8 * CAP, counts, state=d.state)
+    assert d.desired == 4
+
+
+def test_at_max():
+    cfg = PolicyConfig(max_replicas=4)
+    d = run(0.0, 10 * CAP, ReplicaCounts(desired=4, ready=4), cfg=cfg)
+    assert d.desired == 4 and d.reason == P.AT_MAX
+    cond = d.condition(P.SCALING_LIMITED)
+    assert (cond.status, cond.reason) == ("True", P.AT_MAX)
+    # from below: goes to max in one step, and says it was capped
+    d = run(0.0, 10 * CAP, ReplicaCounts(desired=2, ready=2), cfg=cfg)
+    assert d.desired == 4 and d.reason == P.SLA_BREACH
+    assert d.condition(P.SCALING_LIMITED).reason == P.AT_MAX
+
+
+def test_within_limits():
+    d = run(0.0, 2.5 * CAP, ReplicaCounts(desired=3, ready=3))
+    assert d.condition(P.SCALING_LIMITED).status == "False"
+
+
+# --------------------------------------------------------------------------------- mode, ownership
+
+
+def test_advisory_computes_but_does_not_apply():
+    cfg = PolicyConfig(max_replicas=10, mode=P.ADVISORY)
+    d = run(0.0, 5 * CAP - 10, ReplicaCounts(desired=2, ready=2), cfg=cfg)
+    assert d.desired == 5 and not d.apply
+    assert d.reason == P.SLA_BREACH
+    assert d.state.last_desired is None  # a human may set spec.replicas in advisory mode
+
+
+def test_outside_change_is_overwritten_in_active_mode():
+    counts = ReplicaCounts(desired=3, ready=3)
+    d = run(0.0, 2.5 * CAP, counts)
+    assert d.desired == 3 and d.state.last_desired == 3
+    # someone runs `kubectl scale --replicas=6`
+    d = run(15.0, 2.5 * CAP, ReplicaCounts(desired=6, ready=3, starting=3), state=d.state)
+    assert d.desired == 3 and d.apply and d.overrode_outside_change
+    assert "outside the autoscaler" in d.message
+
+
+def test_from_spec_resolves_the_delay():
+    spec = AutoscalingSpec(minReplicas=2, maxReplicas=8, replicaStartupSeconds=600, mode="Advisory")
+    cfg = PolicyConfig.from_spec(spec, prior_capacity=512.0)
+    assert (cfg.min_replicas, cfg.max_replicas, cfg.mode, cfg.prior_capacity) == (2, 8, "Advisory", 512.0)
+    assert cfg.down_delay_s == 600
+    spec = AutoscalingSpec(scaleDown={"delaySeconds": 30})
+    assert PolicyConfig.from_spec(spec).down_delay_s == 30
+
+
+def test_state_round_trips_through_a_small_dict():
+    counts = ReplicaCounts(desired=2, ready=2)
+    state = PolicyState()
+    for t in range(0, 600, 15):
+        d = run(float(t), 5 * CAP, counts, state=state)
+        state = d.state
+    data = state.to_dict()
+    assert len(repr(data)) < 600
+    import json
+
+    again = PolicyState.from_dict(json.loads(json.dumps(data)))
+    assert again == PolicyState.from_dict(data)
+    assert again.capacity.capacity(CFG.prior()) == pytest.approx(state.capacity.capacity(CFG.prior()), rel=1e-6)
+    assert again.last_desired == state.last_desired and again.breach_since == state.breach_since
+
+
+@pytest.mark.parametrize("junk", [None, "x", {"capacity": "?", "lastDesired": "many", "surplusSince": "nan"}])
+def test_state_from_junk_is_the_default(junk):
+    s = PolicyState.from_dict(junk)
+    assert s.last_desired is None and s.surplus_since is None and s.capacity.n == 0
+
+
+# ------------------------------------------------------------------------------------ closed loop
+
+
+def test_no_flapping_under_steady_noisy_load_for_an_hour():
+    # True capacity 200 (the prior says 256, so the policy has to learn); 500 +- 8% users.
+    cfg = PolicyConfig(max_replicas=10, replica_startup_s=300.0)
+    fleet = Fleet.steady(cfg, capacity=200.0, replicas=2)
+    rng = random.Random(7)
+    fleet.run(0.0, 3600.0, lambda t: 500.0 * (1 + 0.08 * rng.gauss(0, 1)), seed=1, noise=0.03)
+    assert fleet.direction_changes() <= 1, fleet.changes()
+    assert len(fleet.changes()) <= 3, fleet.changes()
+    assert len(fleet.ready_at) == 3  # ceil(500 / 200)
+    assert sum(fleet.attained[-120:]) / 120 >= 0.9
+
+
+def test_closed_loop_step_up_then_down():
+    cfg = PolicyConfig(max_replicas=10, replica_startup_s=300.0, scale_down_delay_s=300.0)
+    fleet = Fleet.steady(cfg, capacity=200.0, replicas=2)
+
+    def demand(t):
+        return 300.0 if t < 1200 or t >= 3000 else 900.0
+
+    fleet.run(0.0, 5400.0, demand, seed=2)
+    changes = fleet.changes()
+    ups = [c for c in changes if c[2] > c[1]]
+    downs = [c for c in changes if c[2] < c[1]]
+    # The step is seen at the first evaluation after it (no metric lag in the toy) and answered at once.
+    assert ups[0][0] <= 1200 + 2 * cfg.evaluation_interval_s
+    assert max(to for _, _, to in ups) == math.ceil(900 / 200)
+    # SLA recovers once the new replicas are ready (start-up 300 s).
+    after = [d for t, d in fleet.decisions if 1200 + 300 + 120 <= t < 3000]
+    assert all(d.sla_state != P.SLA_BREACHED for d in after)
+    # Down: only after the delay, one step at a time, back to what 300 users need.
+    assert downs and downs[0][0] >= 3000 + cfg.down_delay_s
+    assert all(frm - to == 1 for _, frm, to in downs)
+    assert len(fleet.ready_at) == 2
+    assert fleet.direction_changes() == 1
