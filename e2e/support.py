@@ -1,0 +1,107 @@
+"""Helpers for e2e tests: the operator as a separate process, polling, and reading objects."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(fn: Callable[[], T], timeout: float = 60, interval: float = 0.5, what: str = "condition") -> T:
+    """Poll `fn` until it returns something truthy; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except AssertionError as exc:
+            last = exc
+        else:
+            if last:
+                return last  # type: ignore[return-value]
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+class OperatorProcess:
+    """`flashserve run` watching one namespace, with its log in a file and its metrics on a loopback port."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, resync: float = 5.0, extra: list[str] | None = None):
+        self.kubeconfig, self.namespace, self.resync = kubeconfig, namespace, resync
+        self.metrics_port = free_port()
+        self.log_path = log_dir / f"operator-{namespace}-{self.metrics_port}.log"
+        self.extra = extra or []
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "OperatorProcess":
+        cmd = [sys.executable, "-m", "flashserve.cli", "run", "--kubeconfig", str(self.kubeconfig),
+               "--namespace", self.namespace, "--lease-namespace", self.namespace, "--liveness", "",
+               "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--resync-seconds", str(self.resync), *self.extra]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return self
+
+    def metrics(self) -> dict[str, float]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("flashserve_") and " " in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def wait_serving(self, timeout: float = 30) -> None:
+        """Wait until this process holds the lease and runs the controller (its metrics endpoint is up)."""
+        wait_until(lambda: self.metrics() or self.exited(), timeout, what="operator metrics endpoint")
+        assert not self.exited(), self.logs()
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+
+def get_json(kubectl, *args: str) -> dict:
+    return json.loads(kubectl("get", *args, "-o", "json").stdout)
+
+
+def condition(obj: dict, ctype: str) -> dict:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return c
+    return {}
