@@ -100,13 +100,15 @@ def group_counts(groups: list[GroupState]) -> dict[str, int]:
 def transitions(previous: list[dict] | None, current: list[dict]) -> list[tuple[str, str, str]]:
     """Events worth telling a user: (type, reason, message) for each condition that changed status or reason."""
     old = {c.get("type"): c for c in previous or []}
+    # Not ready because of a rollout or scaling the user asked for is expected, not a warning.
+    planned = any(c["type"] == "Progressing" and c["status"] == "True" for c in current)
     events = []
     for c in current:
         p = old.get(c["type"])
         if p is not None and p.get("status") == c["status"] and p.get("reason") == c["reason"]:
             continue
         if c["type"] == "Ready":
-            kind = "Normal" if c["status"] == "True" else "Warning"
+            kind = "Normal" if c["status"] == "True" or (planned and c["reason"] != "InvalidSpec") else "Warning"
             if p is None and c["status"] != "True" and c["reason"] != "InvalidSpec":
                 continue  # a new serving is not ready yet: not news
             events.append((kind, c["reason"], c["message"]))

@@ -1,0 +1,108 @@
+"""The reconcile plan as a pure function: what it writes for a given desired serving and observed children."""
+
+from __future__ import annotations
+
+from flashserve.api.validation import parse_serving
+from flashserve.controller.observe import Observed, PodView, slim
+from flashserve.controller.plan import plan
+from flashserve.render import render_serving, template_hash
+
+
+def serving(spec: dict):
+    return parse_serving({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+                          "metadata": {"name": "flash", "namespace": "ns", "uid": "u1"}, "spec": spec})  # fmt: skip
+
+
+def observe(obj, *, ready: bool = True, hash_override: dict[int, str] | None = None, pod_hash: dict[str, str] | None = None) -> Observed:
+    """The children as the API server would hold them after applying `obj`, with pods per group."""
+    hash_override = hash_override or {}
+    pod_hash = pod_hash or {}
+    out = Observed()
+    nodes = obj.spec.parallelism.nodes_per_replica
+    for o in render_serving(obj):
+        live = slim(o)
+        kind, name = o["kind"], o["metadata"]["name"]
+        if kind == "StatefulSet":
+            idx = int(o["metadata"]["labels"]["flashserve.io/group"])
+            h = hash_override.get(idx, template_hash(obj.spec))
+            live["metadata"]["annotations"]["flashserve.io/template-hash"] = h
+            out.statefulsets[name] = live
+            for k in range(nodes):
+                pname = f"{name}-{k}"
+                out.pods.append(PodView(pname, idx, pod_hash.get(pname, h), ready, False, "Running", False, 0, "n"))
+        elif kind == "Service":
+            out.services[name] = live
+        elif kind == "PodDisruptionBudget":
+            out.pdbs[name] = live
+    return out
+
+
+def test_in_sync_makes_no_writes():
+    obj = serving({"replicas": 3, "parallelism": {"nodesPerReplica": 2}})
+    p = plan(obj, observe(obj))
+    assert p.writes == 0 and all(g.ready and g.updated for g in p.groups)
+
+
+def test_empty_cluster_creates_every_group_and_shared_objects():
+    obj = serving({"replicas": 2})
+    p = plan(obj, Observed())
+    kinds = sorted(o["kind"] for o in p.apply)
+    assert kinds == ["PodDisruptionBudget", "Service", "Service", "Service", "StatefulSet", "StatefulSet"]
+    assert p.created_groups == [0, 1] and not p.restored
+
+
+def test_scale_down_deletes_highest_groups_first_and_nothing_else():
+    big = serving({"replicas": 4})
+    small = serving({"replicas": 1})
+    p = plan(small, observe(big))
+    assert p.delete == [("StatefulSet", "flash-g3"), ("StatefulSet", "flash-g2"), ("StatefulSet", "flash-g1"),
+                        ("Service", "flash-g3"), ("Service", "flash-g2"), ("Service", "flash-g1")]  # fmt: skip
+    assert not p.apply and not p.delete_pods
+
+
+def test_rollout_updates_one_group_at_a_time_and_replaces_its_pods_together():
+    old = serving({"replicas": 3, "parallelism": {"nodesPerReplica": 2}})
+    new = serving({"replicas": 3, "parallelism": {"nodesPerReplica": 2}, "engine": {"image": "vllm/vllm-openai:v0.33.1"}})
+    p = plan(new, observe(old))
+    assert p.rolling == [0]
+    assert sorted(p.delete_pods) == ["flash-g0-0", "flash-g0-1"]
+    assert [o["metadata"]["name"] for o in p.apply if o["kind"] == "StatefulSet"] == ["flash-g0"]
+
+
+def test_rollout_budget_allows_max_unavailable_groups():
+    old = serving({"replicas": 4})
+    new = serving({"replicas": 4, "rollout": {"maxUnavailable": 2}, "engine": {"image": "x:1"}})
+    assert plan(new, observe(old)).rolling == [0, 1]
+
+
+def test_unready_outdated_group_is_updated_even_when_the_budget_is_used():
+    old = serving({"replicas": 2})
+    new = serving({"replicas": 2, "engine": {"image": "x:1"}})
+    observed = observe(old, ready=False)  # both groups already down: replacing them costs nothing
+    assert plan(new, observed).rolling == [0, 1]
+
+
+def test_half_updated_group_is_finished_by_replacing_stale_pods():
+    obj = serving({"replicas": 1, "parallelism": {"nodesPerReplica": 2}})
+    # The StatefulSet already has the new template, one pod still runs the old one (operator died mid-way).
+    observed = observe(obj, pod_hash={"flash-g0-1": "old"})
+    p = plan(obj, observed)
+    assert p.delete_pods == ["flash-g0-1"] and not p.rolling
+
+
+def test_drift_in_a_child_is_restored_and_reported():
+    obj = serving({"replicas": 1})
+    observed = observe(obj)
+    observed.statefulsets["flash-g0"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 5
+    del observed.services["flash"]
+    p = plan(obj, observed)
+    assert sorted(o["metadata"]["name"] for o in p.apply) == ["flash", "flash-g0"]
+    assert "StatefulSet/flash-g0" in p.restored
+
+
+def test_template_hash_is_what_the_statefulset_and_pods_carry():
+    obj = serving({})
+    sts = [o for o in render_serving(obj) if o["kind"] == "StatefulSet"][0]
+    h = template_hash(obj.spec)
+    assert sts["metadata"]["annotations"]["flashserve.io/template-hash"] == h
+    assert sts["spec"]["template"]["metadata"]["annotations"]["flashserve.io/template-hash"] == h

@@ -1,0 +1,29 @@
+"""Conditions follow Kubernetes conventions: lastTransitionTime moves only when status does."""
+
+from __future__ import annotations
+
+from flashserve.controller.plan import GroupState
+from flashserve.controller.status import Cond, group_conditions, merge_conditions, transitions
+
+
+def test_last_transition_time_changes_only_with_status():
+    first = merge_conditions(None, [Cond("Ready", "False", "ReplicasNotReady", "0/1")], "T1", 1)
+    same = merge_conditions(first, [Cond("Ready", "False", "PartiallyReady", "1/2")], "T2", 2)
+    assert same[0]["lastTransitionTime"] == "T1" and same[0]["reason"] == "PartiallyReady"
+    flipped = merge_conditions(same, [Cond("Ready", "True", "AllReplicasReady", "2/2")], "T3", 2)
+    assert flipped[0]["lastTransitionTime"] == "T3" and flipped[0]["observedGeneration"] == 2
+
+
+def test_group_conditions():
+    g = [GroupState(0, True, True, True, 0, 0), GroupState(1, True, False, False, 1, 1)]
+    conds = {c.type: c for c in group_conditions(g, 2, 0)}
+    assert conds["Ready"].status == "False" and conds["Ready"].reason == "PartiallyReady"
+    assert conds["Progressing"].reason == "RollingUpdate"
+    assert conds["Degraded"].status == "True" and conds["Degraded"].reason == "PodsUnschedulable"
+
+
+def test_transitions_emit_events_for_changes_only():
+    a = merge_conditions(None, [Cond("Ready", "True", "AllReplicasReady", "")], "T1", 1)
+    assert transitions(a, a) == []
+    b = merge_conditions(a, [Cond("Ready", "False", "InvalidSpec", "spec.x: bad")], "T2", 2)
+    assert transitions(a, b) == [("Warning", "InvalidSpec", "spec.x: bad")]
