@@ -1,0 +1,134 @@
+"""Prometheus on loopback, scraping whatever target files e2e tests and the mock runtime drop in file_sd."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from . import procs
+from .paths import Layout
+
+SCRAPE_INTERVAL = "5s"
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+def config(layout: Layout, port: int) -> str:
+    doc = {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": "4s", "evaluation_interval": SCRAPE_INTERVAL},
+        "scrape_configs": [
+            {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
+            {
+                # A target file may set its own `job` label; it then replaces this job's name.
+                "job_name": "file_sd",
+                "file_sd_configs": [
+                    {
+                        "files": [str(layout.file_sd / "*.json"), str(layout.file_sd / "*.yaml")],
+                        "refresh_interval": SCRAPE_INTERVAL,
+                    }
+                ],
+            },
+        ],
+    }
+    header = "# Written by `flashserve cluster up` (edits are overwritten). Add targets as files in file_sd_configs.\n"
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+def url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def pid_file(layout: Layout) -> Path:
+    return layout.pids / "prometheus.pid"
+
+
+def running_port(layout: Layout) -> int | None:
+    """Port of the Prometheus this cluster started, if it still runs."""
+    pid = procs.read_pid(pid_file(layout))
+    if not procs.alive(pid, str(layout.prometheus_config)):
+        return None
+    for arg in procs.cmdline(pid):  # type: ignore[arg-type]
+        if arg.startswith("--web.listen-address="):
+            return int(arg.rpartition(":")[2])
+    return None
+
+
+def ready(port: int, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url(port) + "/-/ready", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def ensure(layout: Layout, binary: Path, port: int, log=print) -> str:
+    """Start Prometheus, or keep the running one (reloading its config). Port 0 picks a free port."""
+    layout.file_sd.mkdir(parents=True, exist_ok=True)
+    layout.prometheus_data.mkdir(parents=True, exist_ok=True)
+    current = running_port(layout)
+    if current is not None and port in (0, current):
+        changed = _write_config(layout, current)
+        if ready(current):
+            if changed:
+                _reload(current)
+            log(f"prometheus: running at {url(current)} (reused)")
+            return url(current)
+    # Checked before stopping the running one, so a bad port leaves the cluster as it was.
+    if port not in (0, current) and procs.port_in_use(port):
+        raise _port_taken(port)
+    stop(layout)
+    if port == 0:
+        port = procs.free_port()
+    elif procs.port_in_use(port):
+        raise _port_taken(port)
+    _write_config(layout, port)
+    args = [
+        str(binary),
+        f"--config.file={layout.prometheus_config}",
+        f"--storage.tsdb.path={layout.prometheus_data}",
+        "--storage.tsdb.retention.time=2d",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+    ]
+    procs.start(args, pid_file(layout), layout.logs / "prometheus.log")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if ready(port):
+            log(f"prometheus: started at {url(port)}")
+            return url(port)
+        if running_port(layout) is None:
+            break
+        time.sleep(0.3)
+    raise PrometheusError(f"prometheus did not become ready; see {layout.logs / 'prometheus.log'}")
+
+
+def _port_taken(port: int) -> PrometheusError:
+    return PrometheusError(
+        f"127.0.0.1:{port} is already in use by another process. Pass --prometheus-port N "
+        f"(or set FLASHSERVE_PROMETHEUS_PORT), use --prometheus-port 0 to pick a free port, or --no-prometheus."
+    )
+
+
+def _write_config(layout: Layout, port: int) -> bool:
+    text = config(layout, port)
+    if layout.prometheus_config.exists() and layout.prometheus_config.read_text() == text:
+        return False
+    layout.prometheus_config.parent.mkdir(parents=True, exist_ok=True)
+    layout.prometheus_config.write_text(text)
+    return True
+
+
+def _reload(port: int) -> None:
+    req = urllib.request.Request(url(port) + "/-/reload", method="POST")
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+def stop(layout: Layout) -> bool:
+    return procs.stop_pid_file(pid_file(layout), expect=str(layout.prometheus_config))
