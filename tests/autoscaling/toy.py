@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from flashserve.autoscaling import Decision, MetricsSnapshot, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts
 from flashserve.autoscaling import decide
 
-LOW_LOAD = 150.0  # tok/s per user, idle replica
+LOW_LOAD = PolicyConfig().prior_low_load_tokens_per_s  # tok/s per user, idle replica
 
 
 def curve(capacity: float, sla: float = 100.0, low_load: float = LOW_LOAD) -> Callable[[float], float]:
@@ -43,7 +43,8 @@ class Fleet:
     ready_at: list[float] = field(default_factory=list)  # one entry per replica group, ordered by index
     state: PolicyState = field(default_factory=PolicyState)
     decisions: list[tuple[float, Decision]] = field(default_factory=list)
-    attained: list[bool] = field(default_factory=list)
+    attained: list[tuple[float, bool]] = field(default_factory=list)
+    """(time, true per-user speed at the SLA percentile >= target) at each evaluation with users."""
 
     @classmethod
     def steady(cls, config: PolicyConfig, capacity: float, replicas: int, **kw) -> Fleet:
@@ -58,7 +59,7 @@ class Fleet:
         speed = curve(self.capacity, self.config.sla_tokens_per_s)
         snap = snapshot(now, demand, counts.ready, speed, noise=noise, rng=rng) if counts.ready else None
         if snap is not None and snap.speed_at_percentile is not None:
-            self.attained.append(speed(demand / counts.ready) >= self.config.sla_tokens_per_s)
+            self.attained.append((now, speed(demand / counts.ready) >= self.config.sla_tokens_per_s))
         d = decide(PolicyInputs(now, snap, counts, self.config), self.state)
         self.state = d.state
         self.decisions.append((now, d))
@@ -76,6 +77,10 @@ class Fleet:
         while t < end:
             self.step(t, demand(t), rng, noise)
             t += self.config.evaluation_interval_s
+
+    def attainment(self, start: float = 0.0, end: float = math.inf) -> float:
+        hits = [ok for t, ok in self.attained if start <= t < end]
+        return sum(hits) / len(hits) if hits else 1.0
 
     def changes(self) -> list[tuple[float, int, int]]:
         return [(t, d.current, d.desired) for t, d in self.decisions if d.apply]

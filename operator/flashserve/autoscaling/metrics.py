@@ -1,0 +1,150 @@
+"""Read a serving's MetricsSnapshot from Prometheus (prometheus-api-client).
+
+The client is synchronous (requests), so the operator calls the `*_async` wrappers, which run it in a worker
+thread and keep kopf's event loop free. Nothing here raises: any failure becomes a None snapshot plus the
+reason, which the policy turns into a hold with MetricsAvailable=False.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from urllib3.util.retry import Retry
+
+from flashserve.autoscaling.promql import Queries
+from flashserve.autoscaling.snapshot import MetricsSnapshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 5.0
+# A step yields at least one token; more than this many per step means the counters disagree (e.g. a
+# restarted engine mid-window), and no correction is better than a wild one.
+MAX_TOKENS_PER_STEP = 9.0
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    snapshot: MetricsSnapshot | None
+    error: str | None = None
+
+
+def fetch(
+    url: str,
+    namespace: str,
+    serving: str,
+    window_s: float = 60.0,
+    percentile: float = 90.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    now: float | None = None,
+) -> FetchResult:
+    """Run the queries of promql.Queries and assemble the snapshot. `now` stamps it (default: time.time(),
+    which is the clock the operator must then pass to the policy)."""
+    stamp = time.time() if now is None else now
+    queries = Queries(namespace, serving, window_s, percentile)
+    # One attempt per query: the next evaluation is the retry, and a hung Prometheus must not hold the
+    # evaluation for minutes.
+    prom = PrometheusConnect(url=url.rstrip("/"), retry=Retry(total=0, raise_on_status=False), timeout=timeout_s)
+    deadline = time.monotonic() + 2 * timeout_s
+    values: dict[str, float | None] = {}
+    try:
+        for name, query in queries.all().items():
+            if time.monotonic() > deadline:
+                return _fail(serving, f"Prometheus at {url} too slow: gave up after {2 * timeout_s:g}s")
+            values[name] = _scalar(prom.custom_query(query, timeout=timeout_s))
+            if name == "sample_age" and values[name] is None:
+                return _fail(serving, f"no vLLM engine series for serving {namespace}/{serving} in Prometheus")
+    except Exception as exc:  # noqa: BLE001 - any failure is a missing reading, never an operator crash
+        return _fail(serving, f"Prometheus at {url} unavailable: {_describe(exc, timeout_s)}")
+    finally:
+        prom.close()
+    return FetchResult(assemble(values, stamp, window_s, percentile))
+
+
+def assemble(values: dict[str, float | None], stamp: float, window_s: float, percentile: float) -> MetricsSnapshot:
+    """Derived readings from the raw query results (pure, so the benchmark can reuse it)."""
+    v = values.get
+    tokens_per_step = None
+    steps, gen = v("itl_steps_rate"), v("generation_tokens_rate")
+    if steps and steps > 0 and gen is not None:
+        tokens_per_step = min(MAX_TOKENS_PER_STEP, max(1.0, (gen - (v("first_tokens_rate") or 0.0)) / steps))
+
+    def speed(itl: float | None) -> float | None:
+        if tokens_per_step is None or itl is None or itl <= 0:
+            return None
+        return tokens_per_step / itl
+
+    running_avg = v("running_avg")
+    counters = gen / running_avg if gen is not None and running_avg and running_avg > 0 else None
+    reporting = v("replicas_reporting")
+    return MetricsSnapshot(
+        time=stamp,
+        sample_age_s=max(0.0, v("sample_age") or 0.0),
+        window_s=window_s,
+        percentile=percentile,
+        running=v("running"),
+        waiting=v("waiting"),
+        running_avg=running_avg,
+        speed_p50=speed(v("itl_p50")),
+        speed_at_percentile=speed(v("itl_at_percentile")),
+        speed_from_counters=counters,
+        tokens_per_step=tokens_per_step,
+        tokens_per_second=gen,
+        kv_usage_avg=v("kv_usage_avg"),
+        kv_usage_max=v("kv_usage_max"),
+        ttft_at_percentile_s=v("ttft_at_percentile"),
+        replicas_reporting=int(reporting) if reporting is not None else None,
+    )
+
+
+def fetch_snapshot(
+    url: str, namespace: str, serving: str, window_s: float = 60.0, percentile: float = 90.0, **kw: float
+) -> MetricsSnapshot | None:
+    return fetch(url, namespace, serving, window_s, percentile, **kw).snapshot
+
+
+async def fetch_async(
+    url: str, namespace: str, serving: str, window_s: float = 60.0, percentile: float = 90.0, **kw: float
+) -> FetchResult:
+    return await asyncio.to_thread(fetch, url, namespace, serving, window_s, percentile, **kw)
+
+
+async def fetch_snapshot_async(
+    url: str, namespace: str, serving: str, window_s: float = 60.0, percentile: float = 90.0, **kw: float
+) -> MetricsSnapshot | None:
+    return (await fetch_async(url, namespace, serving, window_s, percentile, **kw)).snapshot
+
+
+def _scalar(result: object) -> float | None:
+    """The value of a one-sample instant vector; None for no sample or NaN/Inf (e.g. a quantile of an
+    empty histogram, or a division by zero)."""
+    if not isinstance(result, list) or not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _fail(serving: str, reason: str) -> FetchResult:
+    log.warning("autoscaling metrics for %s: %s", serving, reason)
+    return FetchResult(None, reason)
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    text = str(exc)
+    # With retries off, requests reports a read timeout as a ConnectionError wrapping urllib3's
+    # ReadTimeoutError; name the timeout, which is what the user can act on.
+    if "timed out" in text.lower():
+        return f"Timeout: no answer within {timeout_s:g}s"
+    return f"{type(exc).__name__}: {_short(exc)}"
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

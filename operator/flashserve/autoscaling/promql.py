@@ -1,0 +1,147 @@
+"""Every PromQL query the autoscaler runs, in one place.
+
+All queries select one serving's engines by the labels its scrape targets carry (`namespace` and `serving`,
+set by the pod relabelling of kubernetes_sd or by the local cluster's file_sd), and aggregate over every
+engine (`engine` label) of every pod and replica group, so a serving is read as a whole.
+
+Direction of the speed percentile: an SLA "p90 per-user speed >= 100 tok/s" means 90% of the decode
+tokens come at least that fast, so it is limited by the SLOW tail, i.e. the LONG inter-token latencies.
+The speed that p% of users meet or beat is therefore tokens_per_step / ITL quantile(p/100): ITL q0.9 gives
+the p90 speed in this sense (equivalently the 10th percentile of the speed distribution). Using q0.1 would
+report the speed of the fastest 10% and hide every breach.
+
+vLLM observes `vllm:inter_token_latency_seconds` once per engine step per decoding request, however many
+tokens the step produced. With MTP speculative decoding a step yields ~1.8 tokens, so 1/ITL alone would
+under-read per-user speed by that factor. `tokens_per_step` measures it from counters: generation tokens
+minus first tokens (one per request, counted by the TTFT histogram) over ITL observations. It is a mean over
+requests; acceptance varies little between requests, so the percentile is scaled by the mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ITL = "vllm:inter_token_latency_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+
+NAMESPACE_LABEL = "namespace"
+SERVING_LABEL = "serving"
+GROUP_LABEL = "group"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def selector(namespace: str, serving: str) -> str:
+    """Label matchers (without braces) for one serving's engine series."""
+    return f'{NAMESPACE_LABEL}="{_escape(namespace)}",{SERVING_LABEL}="{_escape(serving)}"'
+
+
+def duration(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+@dataclass(frozen=True)
+class Queries:
+    """The queries for one serving. Each attribute is one instant query returning a single sample (or none)."""
+
+    namespace: str
+    serving: str
+    window_s: float = 60.0
+    percentile: float = 90.0
+
+    @property
+    def sel(self) -> str:
+        return selector(self.namespace, self.serving)
+
+    @property
+    def w(self) -> str:
+        return duration(self.window_s)
+
+    def _itl_quantile(self, q: float) -> str:
+        return f"histogram_quantile({q:g}, sum by (le) (rate({ITL}_bucket{{{self.sel}}}[{self.w}])))"
+
+    @property
+    def itl_at_percentile(self) -> str:
+        """ITL (seconds per step) that `percentile`% of decode steps stay within; per-user speed at the SLA
+        percentile = tokens_per_step / this. Needs ITL buckets around 1/SLA (the renderer adds them)."""
+        return self._itl_quantile(self.percentile / 100.0)
+
+    @property
+    def itl_p50(self) -> str:
+        """Median ITL; the median per-user speed = tokens_per_step / this."""
+        return self._itl_quantile(0.5)
+
+    @property
+    def itl_steps_rate(self) -> str:
+        """ITL observations per second: decode steps summed over requests (the denominator of tokens per step)."""
+        return f"sum(rate({ITL}_count{{{self.sel}}}[{self.w}]))"
+
+    @property
+    def first_tokens_rate(self) -> str:
+        """First tokens per second (one TTFT observation each); they are not decode steps."""
+        return f"sum(rate({TTFT}_count{{{self.sel}}}[{self.w}]))"
+
+    @property
+    def generation_tokens_rate(self) -> str:
+        """Output tokens per second of the serving (`vllm:generation_tokens_total`)."""
+        return f"sum(rate({GENERATION_TOKENS}{{{self.sel}}}[{self.w}]))"
+
+    @property
+    def running(self) -> str:
+        """Requests in the engines' running set now (prefill or decode): the served part of demand."""
+        return f"sum({RUNNING}{{{self.sel}}})"
+
+    @property
+    def running_avg(self) -> str:
+        """Running requests averaged over the rate window: the concurrency the speed readings were taken at,
+        and the denominator of the counter-based mean per-user speed."""
+        return f"sum(avg_over_time({RUNNING}{{{self.sel}}}[{self.w}]))"
+
+    @property
+    def waiting(self) -> str:
+        """Requests queued in the engines now: unserved demand."""
+        return f"sum({WAITING}{{{self.sel}}})"
+
+    @property
+    def kv_usage_avg(self) -> str:
+        """Mean KV-cache usage over engines (0..1): memory pressure that caps concurrency before speed does."""
+        return f"avg({KV_USAGE}{{{self.sel}}})"
+
+    @property
+    def kv_usage_max(self) -> str:
+        """KV-cache usage of the fullest engine."""
+        return f"max({KV_USAGE}{{{self.sel}}})"
+
+    @property
+    def ttft_at_percentile(self) -> str:
+        """Time to first token `percentile`% of requests met (slow side, same direction as the ITL)."""
+        return (
+            f"histogram_quantile({self.percentile / 100.0:g}, "
+            f"sum by (le) (rate({TTFT}_bucket{{{self.sel}}}[{self.w}])))"
+        )
+
+    @property
+    def sample_age(self) -> str:
+        """Seconds since the freshest engine sample, on Prometheus's own clock (no skew with the operator).
+        A scrape failure ends a series at once (staleness marker), so dead targets read as no data."""
+        return f"time() - max(timestamp({RUNNING}{{{self.sel}}}))"
+
+    @property
+    def replicas_reporting(self) -> str:
+        """Replica groups with at least one engine scraped."""
+        return f"count(count by ({GROUP_LABEL}) ({RUNNING}{{{self.sel}}}))"
+
+    def all(self) -> dict[str, str]:
+        """Name -> query, in the order metrics.py runs them (freshness first: it decides whether the rest matter)."""
+        names = (
+            "sample_age", "running", "waiting", "running_avg", "generation_tokens_rate", "itl_steps_rate",
+            "first_tokens_rate", "itl_at_percentile", "itl_p50", "kv_usage_avg", "kv_usage_max",
+            "ttft_at_percentile", "replicas_reporting",
+        )  # fmt: skip
+        return {n: getattr(self, n) for n in names}

@@ -1,0 +1,171 @@
+"""metrics.py against a tiny fake Prometheus on 127.0.0.1: canned answers, errors, a dead and a hung server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from flashserve.autoscaling import metrics
+from flashserve.autoscaling.promql import Queries
+
+QUERIES = Queries("team-a", "flash", window_s=60, percentile=90)
+BY_QUERY = {q: name for name, q in QUERIES.all().items()}
+CANNED = {
+    "sample_age": 4.0, "running": 500.0, "waiting": 20.0, "running_avg": 480.0,
+    "generation_tokens_rate": 48_100.0, "first_tokens_rate": 100.0, "itl_steps_rate": 30_000.0,
+    "itl_at_percentile": 0.016, "itl_p50": 0.012, "kv_usage_avg": 0.55, "kv_usage_max": 0.7,
+    "ttft_at_percentile": 1.5, "replicas_reporting": 2.0,
+}  # fmt: skip
+
+
+class FakePrometheus(BaseHTTPRequestHandler):
+    mode = "ok"
+    seen: list[str] = []
+    values: dict = CANNED
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urlparse(self.path)
+        query = parse_qs(url.query).get("query", [""])[0]
+        type(self).seen.append(query)
+        if self.mode == "hang":
+            time.sleep(3.0)
+        if self.mode == "error" or url.path != "/api/v1/query":
+            return self._send(500, {"status": "error", "error": "boom"})
+        name = BY_QUERY.get(query)
+        value = None if self.mode == "empty" else self.values.get(name) if name else None
+        if self.mode == "nan" and name == "itl_at_percentile":
+            value = float("nan")
+        result = [] if value is None else [{"metric": {}, "value": [time.time(), repr(float(value))]}]
+        self._send(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def prometheus(mode: str = "ok") -> Iterator[str]:
+    handler = type("Handler", (FakePrometheus,), {"mode": mode, "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+    prometheus.seen = handler.seen  # type: ignore[attr-defined]
+
+
+def fetch(url: str, **kw) -> metrics.FetchResult:
+    return metrics.fetch(url, "team-a", "flash", window_s=60, percentile=90, now=1000.0, **kw)
+
+
+def test_reads_a_snapshot():
+    with prometheus() as url:
+        res = fetch(url)
+    assert res.error is None
+    s = res.snapshot
+    assert s is not None
+    assert (s.time, s.sample_age_s, s.running, s.waiting, s.running_avg) == (1000.0, 4.0, 500.0, 20.0, 480.0)
+    assert s.tokens_per_step == pytest.approx(1.6)  # (48100 - 100) / 30000
+    assert s.speed_at_percentile == pytest.approx(100.0)  # 1.6 / 0.016
+    assert s.speed_p50 == pytest.approx(1.6 / 0.012)
+    assert s.speed_from_counters == pytest.approx(48_100 / 480)
+    assert (s.kv_usage_avg, s.kv_usage_max, s.ttft_at_percentile_s, s.replicas_reporting) == (0.55, 0.7, 1.5, 2)
+    # every query was sent, each selecting the serving
+    assert set(prometheus.seen) == set(QUERIES.all().values())
+
+
+def test_sync_wrapper_returns_the_snapshot_or_none():
+    with prometheus() as url:
+        assert metrics.fetch_snapshot(url, "team-a", "flash", 60, 90) is not None
+    with prometheus("error") as url:
+        assert metrics.fetch_snapshot(url, "team-a", "flash", 60, 90) is None
+
+
+def test_no_series_is_missing_metrics():
+    with prometheus("empty") as url:
+        res = fetch(url)
+    assert res.snapshot is None and "no vLLM engine series" in res.error
+    assert len(prometheus.seen) == 1  # stops after the freshness query
+
+
+def test_nan_quantile_reads_as_none():
+    with prometheus("nan") as url:
+        res = fetch(url)
+    assert res.snapshot is not None and res.snapshot.speed_at_percentile is None
+
+
+def test_http_error_is_none_with_the_reason(caplog):
+    with prometheus("error") as url:
+        res = fetch(url)
+    assert res.snapshot is None and "unavailable" in res.error and "500" in res.error
+    assert len(prometheus.seen) == 1  # no retry storm: the next evaluation is the retry
+    assert any("unavailable" in r.message for r in caplog.records)
+
+
+def test_down_server_is_none_quickly():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    t0 = time.monotonic()
+    res = fetch(f"http://127.0.0.1:{port}")
+    assert res.snapshot is None and "ConnectionError" in res.error
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_hung_server_times_out():
+    with prometheus("hang") as url:
+        t0 = time.monotonic()
+        res = fetch(url, timeout_s=0.3)
+        elapsed = time.monotonic() - t0
+    assert res.snapshot is None and "Timeout" in res.error
+    assert elapsed < 2.0
+
+
+def test_async_wrapper_keeps_the_event_loop_free():
+    async def main(url: str) -> tuple[metrics.FetchResult, int]:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.02)
+
+        task = asyncio.create_task(ticker())
+        res = await metrics.fetch_async(url, "team-a", "flash", 60, 90, timeout_s=0.4)
+        done.set()
+        await task
+        return res, ticks
+
+    with prometheus("hang") as url:
+        res, ticks = asyncio.run(main(url))
+    assert res.snapshot is None
+    assert ticks >= 8  # the loop kept running during the ~0.4 s the worker thread waited
+
+    async def ok(url: str):
+        return await metrics.fetch_snapshot_async(url, "team-a", "flash", 60, 90)
+
+    with prometheus() as url:
+        assert asyncio.run(ok(url)).running == 500.0

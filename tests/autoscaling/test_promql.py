@@ -1,0 +1,81 @@
+"""PromQL: every query selects the serving by label, and the speed percentile reads the slow side."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from flashserve.autoscaling.metrics import assemble
+from flashserve.autoscaling.promql import Queries, selector
+
+Q = Queries("team-a", "flash", window_s=60, percentile=90)
+
+
+def test_every_query_selects_the_serving_by_label():
+    for name, query in Q.all().items():
+        metrics = re.findall(r"vllm:[a-z_:]+", query)
+        assert metrics, name
+        for metric in metrics:
+            # each vLLM series reference carries the namespace and serving matchers
+            assert re.search(re.escape(metric) + r'\{namespace="team-a",serving="flash"\}', query), (name, query)
+
+
+def test_label_values_are_escaped():
+    assert selector('we"ird', "a\\b") == 'namespace="we\\"ird",serving="a\\\\b"'
+
+
+def test_rate_windows_use_the_window():
+    assert "[60s]" in Q.generation_tokens_rate and "[60s]" in Q.itl_at_percentile
+    assert "[90s]" in Queries("n", "s", window_s=90.0).running_avg
+
+
+@pytest.mark.parametrize("percentile, q", [(90, "0.9"), (99, "0.99"), (95.5, "0.955"), (50, "0.5")])
+def test_speed_percentile_uses_the_slow_side_of_the_itl(percentile, q):
+    queries = Queries("n", "s", percentile=percentile)
+    assert queries.itl_at_percentile.startswith(f"histogram_quantile({q}, ")
+    assert "vllm:inter_token_latency_seconds_bucket" in queries.itl_at_percentile
+    assert "sum by (le)" in queries.itl_at_percentile
+    assert queries.ttft_at_percentile.startswith(f"histogram_quantile({q}, ")
+    assert Q.itl_p50.startswith("histogram_quantile(0.5, ")
+
+
+def test_the_slow_side_is_the_right_side():
+    # "p90 per-user speed >= X" means 90% of tokens come at X or faster: X = 1 / ITL quantile 0.9.
+    rng = random.Random(3)
+    speeds = sorted(rng.uniform(60.0, 160.0) for _ in range(10_000))
+    itls = sorted(1.0 / s for s in speeds)
+    x = 1.0 / itls[int(0.9 * len(itls)) - 1]
+    share_at_or_above = sum(s >= x for s in speeds) / len(speeds)
+    assert share_at_or_above == pytest.approx(0.9, abs=0.002)
+    wrong = 1.0 / itls[int(0.1 * len(itls)) - 1]
+    assert sum(s >= wrong for s in speeds) / len(speeds) == pytest.approx(0.1, abs=0.002)
+
+
+def test_freshness_and_group_count_queries():
+    assert Q.sample_age.startswith("time() - max(timestamp(vllm:num_requests_running{")
+    assert Q.replicas_reporting.startswith("count(count by (group) (")
+
+
+def test_per_step_itl_is_scaled_by_tokens_per_step():
+    # MTP: 1.8 tokens per step. 6400 tok/s, 100 new requests/s, (6400-100)/1.8 = 3500 steps/s.
+    raw = {
+        "sample_age": 3.0, "running": 64.0, "waiting": 0.0, "running_avg": 64.0,
+        "generation_tokens_rate": 6400.0, "first_tokens_rate": 100.0, "itl_steps_rate": 3500.0,
+        "itl_at_percentile": 0.018, "itl_p50": 0.015, "kv_usage_avg": 0.4, "kv_usage_max": 0.5,
+        "ttft_at_percentile": 0.8, "replicas_reporting": 1.0,
+    }  # fmt: skip
+    snap = assemble(raw, stamp=1000.0, window_s=60.0, percentile=90.0)
+    assert snap.tokens_per_step == pytest.approx(1.8)
+    assert snap.speed_at_percentile == pytest.approx(100.0)  # 1.8 / 0.018, not 1 / 0.018 = 55
+    assert snap.speed_p50 == pytest.approx(120.0)
+    assert snap.speed_from_counters == pytest.approx(100.0)
+    assert snap.replicas_reporting == 1 and snap.sample_age_s == 3.0
+
+
+def test_idle_serving_has_no_speed_but_has_demand():
+    raw = {"sample_age": 3.0, "running": 0.0, "waiting": 0.0, "running_avg": 0.0, "generation_tokens_rate": 0.0,
+           "first_tokens_rate": 0.0, "itl_steps_rate": 0.0, "itl_at_percentile": None}  # fmt: skip
+    snap = assemble(raw, stamp=0.0, window_s=60.0, percentile=90.0)
+    assert snap.running == 0.0 and snap.speed_at_percentile is None and snap.speed_from_counters is None
