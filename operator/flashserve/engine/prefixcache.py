@@ -15,6 +15,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
+_MISSING = object()
+
+
 class PrefixCache:
     __slots__ = ("weight", "refs", "free", "held_blocks", "free_blocks", "evictions")
 
@@ -52,32 +55,37 @@ class PrefixCache:
 
     def acquire(self, keys: Sequence[int]) -> None:
         """Reference keys known to be cached (from `match`) or insert them as newly computed."""
-        refs, free, w = self.refs, self.free, self.weight
+        refs, pop, get = self.refs, self.free.pop, self.refs.get
+        new = revived = 0
         for key in keys:
-            count = refs.get(key)
-            if count is not None:
-                refs[key] = count + 1
-            else:
-                if key in free:
-                    del free[key]
-                    self.free_blocks -= w
+            count = get(key)
+            if count is None:
                 refs[key] = 1
-                self.held_blocks += w
+                new += 1
+                if pop(key, _MISSING) is not _MISSING:
+                    revived += 1
+            else:
+                refs[key] = count + 1
+        self.held_blocks += new * self.weight
+        self.free_blocks -= revived * self.weight
 
     def release(self, keys: Sequence[int], cache: bool = True) -> None:
         """Drop one reference per key. Tail keys are queued first so they are evicted first, as vLLM does: a
         later turn of the same session still finds the head of its prefix."""
-        refs, free, w = self.refs, self.free, self.weight
+        refs, free = self.refs, self.free
+        dropped = 0
         for key in reversed(keys):
             count = refs[key]
             if count > 1:
                 refs[key] = count - 1
-                continue
-            del refs[key]
-            self.held_blocks -= w
-            if cache:
-                free[key] = None
-                self.free_blocks += w
+            else:
+                del refs[key]
+                dropped += 1
+                if cache:
+                    free[key] = None
+        self.held_blocks -= dropped * self.weight
+        if cache:
+            self.free_blocks += dropped * self.weight
 
     def evict(self, blocks: float) -> float:
         """Reclaim at least `blocks` from the free queue (LRU first); returns what was reclaimed."""
