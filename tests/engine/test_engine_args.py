@@ -52,8 +52,8 @@ def test_engine_ranks_follow_vllm(argv, ranks):
 
 
 def test_flag_spellings():
-    a = parse([MODEL, "--max_num_seqs=12", "--no-enable-prefix-caching", "--speculative-config.num_speculative_tokens", "3",
-               "--max-model-len", "32K", "-tp", "1"])
+    a = parse([MODEL, "--max_num_seqs=12", "--no-enable-prefix-caching",
+               "--speculative-config.num_speculative_tokens", "3", "--max-model-len", "32K", "-tp", "1"])
     assert a.max_num_seqs == 12 and not a.enable_prefix_caching and a.num_speculative_tokens == 3
     assert a.max_model_len == 32768
     assert parse([MODEL, "--max-model-len", "32k"]).max_model_len == 32000

@@ -222,7 +222,7 @@ def test_preemption_when_kv_cache_is_full_and_every_request_still_completes():
     assert eng.generation_tokens() == 12 * 3000
     assert peak <= 1.0 and peak > 0.9
     assert eng.stats.req_preemptions.n == 12
-    # recompute after preemption reuses the blocks it had cached
+    # prompt tokens count once per request, not again when a preempted request is recomputed
     assert eng.stats.prompt_tokens == 12 * 6000
 
 
@@ -266,3 +266,14 @@ def test_request_longer_than_the_context_is_refused():
     eng = small_engine(max_model_len=8192)
     with pytest.raises(ValueError, match="max_model_len"):
         eng.add_request("x", 8000, 500, 0.0)
+
+
+def test_token_ids_share_their_common_prefix():
+    eng = small_engine()
+    system = list(range(5000))
+    a = eng.add_request("a", 5300, 50, 0.0, token_ids=system + [7] * 300)
+    run_all(eng)
+    b = eng.add_request("b", 5900, 50, 10.0, token_ids=system + [9] * 900)
+    run_all(eng)
+    assert a.cached_tokens == 0
+    assert b.cached_tokens == (5000 // 64) * 64  # the shared system prompt's full blocks

@@ -235,7 +235,8 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
         try:
             util = float(str(v["--gpu-memory-utilization"]))
         except ValueError:
-            raise ArgsError(f"argument --gpu-memory-utilization: invalid float value: {v['--gpu-memory-utilization']!r}")
+            raw = v["--gpu-memory-utilization"]
+            raise ArgsError(f"argument --gpu-memory-utilization: invalid float value: {raw!r}") from None
         if not 0 < util <= 1:
             raise ArgsError("argument --gpu-memory-utilization: must be in (0, 1]")
         a.gpu_memory_utilization = util
@@ -276,7 +277,8 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
         a.speculative_method = method
     if "--custom-histogram-buckets" in v:
         try:
-            a.custom_buckets = validate_custom_buckets(_json("--custom-histogram-buckets", str(v["--custom-histogram-buckets"])))
+            raw = _json("--custom-histogram-buckets", str(v["--custom-histogram-buckets"]))
+            a.custom_buckets = validate_custom_buckets(raw)
         except ValueError as e:
             raise ArgsError(str(e)) from None
     _data_parallel(a, v, get_int)

@@ -78,8 +78,8 @@ class AgenticClients:
         hashes = [j if j < sys_units else (sid << 24) | j for j in range(units)]
         s.context = prompt + output
         return self.engine.add_request(
-            (client, s.sid, prompt), prompt, output, now, block_hashes=hashes, hashes_cover_output=True, hashes_chained=True,
-            user=client,
+            (client, s.sid, prompt), prompt, output, now,
+            block_hashes=hashes, hashes_cover_output=True, hashes_chained=True, user=client,
         )
 
 

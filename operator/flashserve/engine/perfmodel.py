@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from flashserve.engine.prefixcache import PrefixCache
 from flashserve.engine.profile import Profile
 from flashserve.engine.stats import EngineStats, default_buckets
+from flashserve.engine.tokenizer import id_block_hashes
 
 WAITING, PREFILL, DECODE, FINISHED = "waiting", "prefill", "decode", "finished"
 _EPS = 1e-9
@@ -209,6 +210,7 @@ class Engine:
         hash_unit_tokens: int | None = None,
         hashes_cover_output: bool = False,
         hashes_chained: bool = False,
+        token_ids: Sequence[int] | None = None,
         max_tokens: int | None = None,
         finish_reason: str | None = None,
         user=None,
@@ -219,7 +221,9 @@ class Engine:
         as token-block hashes or Mooncake `hash_ids`; `hashes_cover_output` says they also cover the output
         the request will produce (the HTTP server knows its synthetic output in advance, so the next turn of
         a conversation hits the cache on it). `hashes_chained` says each hash already identifies its whole
-        prefix (saves re-chaining them). Without hashes the request shares nothing with others.
+        prefix (saves re-chaining them). Alternatively `token_ids` gives the prompt's token ids (optionally
+        followed by the output's) and the engine hashes their blocks itself. Without either the request shares
+        nothing with others.
         """
         if prompt_tokens < 1 or output_tokens < 1:
             raise ValueError("a request needs at least one prompt token and one output token")
@@ -229,6 +233,10 @@ class Engine:
                 f"{self.cfg.max_model_len}"
             )
         self._advance(now)
+        if token_ids is not None and self.caching:
+            block_hashes = id_block_hashes(token_ids, self.unit)
+            hash_unit_tokens, hashes_chained = self.unit, True
+            hashes_cover_output = len(token_ids) >= prompt_tokens + output_tokens
         keys = self._keys(
             prompt_tokens, output_tokens, block_hashes, hash_unit_tokens, hashes_cover_output, hashes_chained
         )

@@ -61,14 +61,16 @@ def main(argv: list[str] | None = None) -> int:
         c_sla = concurrency_at_speed(points, cal.sla_tokens_per_s)
         if default and c_sla is not None:
             print(f"  {name}: {cal.sla_tokens_per_s:g} tok/s per user at {c_sla:.1f} requests per GPU")
+        sla_label = f"{cal.sla_tokens_per_s:g} tok/s/user"
+        thr_label = f"{cal.throughput_per_gpu_at_sla / 1e3:.0f}K tok/s/GPU"
         if cal.fitted:
             ax_speed.plot([1], [cal.low_concurrency_tokens_per_s], "k*", ms=14, zorder=5,
                           label=f"public: {cal.low_concurrency_tokens_per_s:g} tok/s/user at low concurrency")
             if c_sla is not None:
                 ax_speed.plot([c_sla], [cal.sla_tokens_per_s], "kD", ms=9, zorder=5,
-                              label=f"public: {cal.sla_tokens_per_s:g} tok/s/user at {cal.throughput_per_gpu_at_sla / 1e3:.0f}K tok/s/GPU")
+                              label=f"public: {sla_label} at {thr_label}")
                 ax_thr.plot([c_sla], [cal.throughput_per_gpu_at_sla / 1e3], "kD", ms=9, zorder=5,
-                            label=f"public: {cal.throughput_per_gpu_at_sla / 1e3:.0f}K tok/s/GPU at {cal.sla_tokens_per_s:g} tok/s/user")
+                            label=f"public: {thr_label} at {sla_label}")
     ax_speed.axhline(100, color="grey", ls=":", lw=1)
     ax_speed.set_xlabel("concurrent requests per GPU (closed loop, agentic sessions)")
     ax_speed.set_ylabel("per-user decode speed, tok/s (median of requests)")

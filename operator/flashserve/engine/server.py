@@ -115,9 +115,9 @@ class API:
                 prompt = prompt[0]
             if isinstance(prompt, str) and prompt:
                 return await self._serve(request, body, model, prompt, None, chat=False)
-            if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+            if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
                 return await self._serve(request, body, model, None, prompt, chat=False)
-            raise RequestError(400, "prompt must be a non-empty string or list of token ids (one prompt)", param="prompt")
+            raise RequestError(400, "prompt must be a non-empty string or token id list (one prompt)", param="prompt")
         except RequestError as e:
             return _error(e.status, e.message, e.kind, e.param)
 
@@ -172,7 +172,10 @@ class API:
 
         def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> bytes:
             if chat:
-                delta = {"role": "assistant", "content": ""} if role else ({"content": delta_text} if delta_text else {})
+                if role:
+                    delta = {"role": "assistant", "content": ""}
+                else:
+                    delta = {"content": delta_text} if delta_text else {}
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish,
