@@ -1,9 +1,14 @@
-"""kopf registrations: indexes that mirror each serving's children, and one daemon per serving that runs
-the reconcile loop. Everything that decides lives in plan.py, status.py and the autoscaling package.
+"""kopf registrations: indexes that mirror each serving's children, and one worker task per serving that
+runs the reconcile loop. Everything that decides lives in plan.py, status.py and the autoscaling package.
 
-One daemon per DeepSeekServing is the single writer for that serving: it reconciles when woken (the serving
+One worker per DeepSeekServing is the single writer for that serving: it reconciles when woken (the serving
 or one of its children changed) and at least every resync period, so a missed or silent watch cannot leave
 drift in place for longer than that.
+
+The workers are plain asyncio tasks started from the serving's watch events rather than kopf daemons: a kopf
+daemon puts a finalizer on every object, which would leave servings (and their namespaces) stuck in deletion
+whenever the operator is not running. Children are removed by the garbage collector through ownerReferences,
+so no finalizer is needed. Handlers are async so they run on the event loop (kopf runs sync ones in threads).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from flashserve.naming import MANAGED_BY, serving_label_value
 
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 _wakeups: dict[tuple[str, str], asyncio.Event] = {}
+_bodies: dict[tuple[str, str], dict] = {}  # latest version of each serving, from its watch
+_workers: dict[tuple[str, str], asyncio.Task] = {}
 log = logging.getLogger(__name__)
 
 
@@ -33,28 +40,28 @@ def _wake(key: tuple[str, str] | None) -> None:
 
 # Index functions run on every watch event of a child; waking the owner there costs nothing extra.
 @kopf.index("apps", "v1", "statefulsets", labels=MANAGED)
-def fs_statefulsets(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+async def fs_statefulsets(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
     _wake(key)
     return {key: slim(body)} if key else None
 
 
 @kopf.index("", "v1", "services", labels=MANAGED)
-def fs_services(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+async def fs_services(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
     _wake(key)
     return {key: slim(body)} if key else None
 
 
 @kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-def fs_pdbs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+async def fs_pdbs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
     _wake(key)
     return {key: slim(body)} if key else None
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
-def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
     _wake(key)
     return {key: pod_view(body)} if key else None
@@ -64,14 +71,37 @@ def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | N
 @kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("", "v1", "pods", labels=MANAGED)
-def child_event(type: str, namespace: str, labels: dict, **_: Any) -> None:
+async def child_event(type: str, namespace: str, labels: dict, **_: Any) -> None:
     if type == "DELETED":
         _wake(serving_key(namespace, labels))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def serving_event(namespace: str, name: str, **_: Any) -> None:
-    _wake((namespace, serving_label_value(name)))
+async def serving_event(
+    type: str | None,
+    namespace: str,
+    name: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    fs_statefulsets: kopf.Index,
+    fs_services: kopf.Index,
+    fs_pdbs: kopf.Index,
+    fs_pods: kopf.Index,
+    **_: Any,
+) -> None:
+    key = (namespace, serving_label_value(name))
+    if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+        _bodies.pop(key, None)
+        task = _workers.pop(key, None)
+        if task is not None:
+            task.cancel()
+        return
+    _bodies[key] = copy.deepcopy(dict(body))
+    if key not in _workers or _workers[key].done():
+        indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods)
+        _workers[key] = asyncio.create_task(_worker(key, memo.controller, indexes, logger), name=f"reconcile {key}")
+    _wake(key)
 
 
 def _observed(key: tuple[str, str], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index) -> Observed:
@@ -86,46 +116,37 @@ def _observed(key: tuple[str, str], sts: kopf.Index, svcs: kopf.Index, pdbs: kop
     )
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=10.0)
-async def serving_daemon(
-    name: str,
-    namespace: str,
-    body: kopf.Body,
-    stopped: kopf.DaemonStopped,
-    logger: logging.Logger,
-    memo: kopf.Memo,
-    fs_statefulsets: kopf.Index,
-    fs_services: kopf.Index,
-    fs_pdbs: kopf.Index,
-    fs_pods: kopf.Index,
-    **_: Any,
-) -> None:
-    controller: Controller = memo.controller
-    key = (namespace, serving_label_value(name))
+async def _worker(key: tuple[str, str], controller: Controller, indexes: tuple, logger: logging.Logger) -> None:
     wake = _wakeups.setdefault(key, asyncio.Event())
     failures = 0
     try:
-        while not stopped:
+        while key in _bodies:
             wake.clear()
-            snapshot = copy.deepcopy(dict(body))  # the live body changes under us; decide on one version
+            body = _bodies[key]
             try:
-                observed = _observed(key, fs_statefulsets, fs_services, fs_pdbs, fs_pods)
-                await controller.reconcile(snapshot, observed, logger)
+                await controller.reconcile(body, _observed(key, *indexes), logger)
                 failures = 0
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:  # keep the loop alive; back off so a broken API is not hammered
                 failures += 1
-                logger.error("reconcile failed (attempt %d): %s", failures, exc, exc_info=failures == 1)
+                logger.error("reconcile of %s/%s failed (attempt %d): %s", key[0], body["metadata"]["name"],
+                             failures, exc, exc_info=failures == 1)  # fmt: skip
             delay = controller.resync_seconds if not failures else min(60.0, 2.0**failures)
-            delay = min(delay, controller.next_evaluation_in(snapshot))
-            waiter = asyncio.ensure_future(wake.wait())
-            stopper = asyncio.ensure_future(stopped.wait())
+            delay = min(delay, controller.next_evaluation_in(body))
             try:
-                await asyncio.wait({waiter, stopper}, timeout=max(0.5, delay), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                stopper.cancel()
-            if wake.is_set() and not stopped:
+                await asyncio.wait_for(wake.wait(), timeout=max(0.5, delay))
                 await asyncio.sleep(controller.debounce_seconds)  # let a burst of child events settle
+            except asyncio.TimeoutError:
+                pass
     finally:
         if _wakeups.get(key) is wake:
             del _wakeups[key]
+
+
+@kopf.on.cleanup()
+async def stop_workers(**_: Any) -> None:
+    for task in list(_workers.values()):
+        task.cancel()
+    await asyncio.gather(*_workers.values(), return_exceptions=True)
+    _workers.clear()
