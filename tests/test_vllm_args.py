@@ -38,6 +38,7 @@ def test_single_node_gb200_defaults():
     s = parse_spec({})
     args = vllm_args(s, layout(s))
     assert args[0] == "deepseek-ai/DeepSeek-V4.1-Flash-1017"
+    assert args[1:3] == ["--served-model-name", "deepseek-flash"]
     joined = " ".join(args)
     assert "--data-parallel-size 4" in joined and "--tensor-parallel-size 1" in joined
     assert "--enable-expert-parallel" in args and "--enable-prefix-caching" in args
@@ -52,6 +53,7 @@ def test_multi_node_pattern():
     args = vllm_args(s, lay, "g0-0.g0.ns.svc")
     pairs = dict(zip(args, args[1:]))
     assert pairs["--data-parallel-size"] == "8" and pairs["--data-parallel-size-local"] == "4"
+    assert "--data-parallel-hybrid-lb" in args
     assert pairs["--data-parallel-address"] == "g0-0.g0.ns.svc" and pairs["--data-parallel-rpc-port"] == "29550"
     assert pairs["--all2all-backend"] == "deepep_low_latency"
     assert "--enable-dbo" in args and "--enable-eplb" in args and "--headless" not in args
@@ -68,10 +70,19 @@ def test_itl_buckets_resolve_the_sla():
     below = [x for x in b if x < 0.01]
     assert len(below) >= 5, "speeds above 100 tok/s must be resolvable"
     assert 0.0095 in b and 0.0105 in b
-    s = parse_spec({"autoscaling": {"sla": {"perUserTokensPerSecond": 50}}})
+    s = parse_spec({"autoscaling": {"sla": {"perUserTokensPerSecond": 50}}, "engine": {"speculative": {"enabled": False}}})
     args = vllm_args(s, layout(s))
     buckets = json.loads(args[args.index("--custom-histogram-buckets") + 1])
     assert 0.02 in buckets["inter_token_latency"] and 0.019 in buckets["inter_token_latency"]
+
+
+def test_itl_buckets_centre_on_the_mtp_step_latency():
+    # With one MTP draft a step yields ~1.8 tokens: at 100 tok/s per user a step takes ~18 ms.
+    s = parse_spec({})
+    args = vllm_args(s, layout(s))
+    bounds = json.loads(args[args.index("--custom-histogram-buckets") + 1])["inter_token_latency"]
+    near = [b for b in bounds if 0.015 <= b <= 0.021]
+    assert 0.018 in bounds and len(near) >= 5, near
 
 
 def test_extra_args_follow_managed_ones():

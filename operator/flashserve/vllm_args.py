@@ -113,14 +113,15 @@ def managed_flag_of(arg: str) -> str | None:
     return None
 
 
-def itl_buckets(sla_tokens_per_second: float) -> list[float]:
+def itl_buckets(sla_tokens_per_second: float, tokens_per_step: float = 1.0) -> list[float]:
     """Inter-token-latency bucket bounds with fine resolution around the SLA's latency.
 
     A 100 tok/s SLA is a 10 ms ITL: vLLM's lowest default bound, so histogram_quantile could not tell
-    110 tok/s from 1000 tok/s. Bounds from 0.25x to 4x the target latency (about +-5% near it) are merged
-    with the defaults so the usual dashboards keep working.
+    110 tok/s from 1000 tok/s. vLLM observes ITL once per engine step, and with MTP a step yields up to
+    1 + num_speculative_tokens tokens, so the step latency at the SLA is tokens_per_step / SLA. Bounds from
+    0.25x to 4x that latency (about +-5% near it) are merged with the defaults so dashboards keep working.
     """
-    target = 1.0 / sla_tokens_per_second
+    target = tokens_per_step / sla_tokens_per_second
     factors = (0.25, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 3.0, 4.0)
     bounds = {round(target * f, 6) for f in factors} | set(DEFAULT_ITL_BUCKETS)
     return sorted(b for b in bounds if b > 0)
@@ -142,8 +143,8 @@ def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None
     per-pod start rank is appended by START_RANK_SCRIPT."""
     eng, par = spec.engine, spec.parallelism
     args = [model_argument(spec)]
-    for name in spec.model.served_model_names:
-        args += ["--served-model-name", name]
+    # One flag with every name: vLLM's flag takes several values, and a repeated flag keeps only the last.
+    args += ["--served-model-name", *spec.model.served_model_names]
     if spec.model.revision:
         args += ["--revision", spec.model.revision]
     if spec.model.trust_remote_code:
@@ -152,7 +153,9 @@ def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None
     args += ["--tensor-parallel-size", str(lay.tensor_parallel)]
     args += ["--data-parallel-size", str(lay.dp_size)]
     if lay.multi_node:
-        args += ["--data-parallel-size-local", str(lay.dp_local)]
+        # Hybrid load balancing on every pod: each serves the API for its own ranks. Without the flag, pod 0
+        # (start rank 0) would act as the balancer for the whole group while the others balance locally.
+        args += ["--data-parallel-hybrid-lb", "--data-parallel-size-local", str(lay.dp_local)]
         args += ["--data-parallel-address", leader_address or "", "--data-parallel-rpc-port", str(par.rpc_port)]
     if par.expert_parallel:
         args.append("--enable-expert-parallel")
@@ -187,7 +190,9 @@ def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None
         args += ["--compilation-config", _json({"cudagraph_mode": eng.cuda_graph_mode})]
     if eng.async_scheduling:
         args.append("--async-scheduling")
-    buckets = {"inter_token_latency": itl_buckets(spec.autoscaling.sla.per_user_tokens_per_second)}
+    # Centre on the expected step latency: between one token per step (no draft accepted) and all accepted.
+    drafts = eng.speculative.num_speculative_tokens if eng.speculative.enabled else 0
+    buckets = {"inter_token_latency": itl_buckets(spec.autoscaling.sla.per_user_tokens_per_second, 1 + 0.8 * drafts)}
     args += ["--custom-histogram-buckets", _json(buckets)]
     return args + list(eng.extra_args)
 
