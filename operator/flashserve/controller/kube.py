@@ -96,6 +96,11 @@ class Kube:
         self._call("PATCH", path, {"status": status}, "application/merge-patch+json",
                    [("fieldManager", FIELD_MANAGER)])  # fmt: skip
 
+    def annotate(self, namespace: str, name: str, key: str, value: str) -> None:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+        body = {"metadata": {"annotations": {key: value}}}
+        self._call("PATCH", path, body, "application/merge-patch+json", [("fieldManager", FIELD_MANAGER)])
+
     def patch_spec_replicas(self, namespace: str, name: str, replicas: int, resource_version: str | None) -> None:
         """Set spec.replicas, guarded by resourceVersion so a concurrent user edit is never overwritten blind."""
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"

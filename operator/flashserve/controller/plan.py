@@ -92,6 +92,18 @@ def _live(observed: Observed, obj: dict) -> dict | None:
     return table[kind].get(name)
 
 
+def group_states(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) -> list[GroupState]:
+    """State of groups 0..replicas-1 (default spec.replicas) as observed."""
+    desired = obj.spec.replicas if replicas is None else replicas
+    nodes = layout(obj.spec).nodes
+    current = template_hash(obj.spec)
+    pods_by_group: dict[int, list[PodView]] = {}
+    for p in observed.pods:
+        pods_by_group.setdefault(p.group, []).append(p)
+    sts_by_index = {_index_of(s): s for s in observed.statefulsets.values()}
+    return [_group_state(i, sts_by_index.get(i), pods_by_group.get(i, []), nodes, current) for i in range(desired)]
+
+
 def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) -> Plan:
     spec = obj.spec
     name = obj.metadata["name"]
@@ -105,9 +117,7 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
         pods_by_group.setdefault(p.group, []).append(p)
     sts_by_index = {_index_of(s): s for s in observed.statefulsets.values()}
 
-    states = [
-        _group_state(i, sts_by_index.get(i), pods_by_group.get(i, []), nodes, current) for i in range(desired)
-    ]
+    states = group_states(obj, observed, desired)
     unavailable = sum(1 for g in states if g.exists and not g.ready)
     budget = spec.rollout.max_unavailable
 

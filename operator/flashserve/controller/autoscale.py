@@ -1,0 +1,201 @@
+"""Runs the SLA autoscaling policy (flashserve.autoscaling.policy.decide) for each serving that enables it.
+
+Each evaluation (spec.autoscaling.evaluationIntervalSeconds): read the serving's metrics from Prometheus off
+the event loop, count its groups (ready, starting, pending), decide, and in Active mode write spec.replicas
+guarded by resourceVersion (a concurrent edit makes the write fail; the next evaluation decides again). The
+policy's learned state survives restarts in an annotation, written when the decision changes something and
+otherwise at most every few minutes, so an autoscaled serving under steady load is not rewritten every 15 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import kopf
+from kubernetes.client.rest import ApiException
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from flashserve.api.v1alpha1 import DeepSeekServing
+from flashserve.autoscaling.metrics import fetch_async
+from flashserve.autoscaling.policy import Decision, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts, decide
+from flashserve.controller.kube import Kube
+from flashserve.controller.observe import Observed
+from flashserve.controller.plan import group_states
+from flashserve.controller.status import Cond
+from flashserve.layout import layout
+from flashserve.naming import serving_label_value
+
+STATE_ANNOTATION = "flashserve.io/autoscaler-state"
+PERSIST_EVERY_S = 300.0
+# Sequences per GPU at which the default profile's p90 per-user speed meets 100 tok/s: the capacity prior
+# until the learner has data (docs/autoscaling.md).
+PRIOR_USERS_PER_GPU_AT_100 = 50.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _ServingState:
+    policy: PolicyState
+    next_at: float = 0.0
+    persisted_at: float = 0.0
+    decision: Decision | None = None
+    conditions: list[Cond] = field(default_factory=list)
+    last_scaling: dict | None = None
+    advised: int | None = None
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _round(v: float | None, digits: int = 1) -> float | None:
+    return None if v is None else round(float(v), digits)
+
+
+class Autoscaler:
+    def __init__(self, default_prometheus_url: str | None = None):
+        self.default_prometheus_url = default_prometheus_url
+        self.servings: dict[tuple[str, str], _ServingState] = {}
+        self.decisions: Counter[tuple[str, str, str]] = Counter()  # (namespace, serving, reason)
+
+    def next_evaluation_in(self, body: dict) -> float:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        st = self.servings.get(key)
+        auto = (body.get("spec") or {}).get("autoscaling") or {}
+        if not auto.get("enabled"):
+            return float("inf")
+        return max(0.5, (st.next_at - time.time()) if st else 0.5)
+
+    def _state(self, body: dict) -> _ServingState:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if key not in self.servings:
+            raw = (body["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
+            try:
+                saved = json.loads(raw) if raw else None
+            except ValueError:
+                saved = None  # a hand-edited annotation must not break the operator
+            self.servings[key] = _ServingState(PolicyState.from_dict(saved), persisted_at=time.time())
+        return self.servings[key]
+
+    def config(self, obj: DeepSeekServing) -> PolicyConfig:
+        auto = obj.spec.autoscaling
+        gpus = layout(obj.spec).gpus_per_replica
+        prior = PRIOR_USERS_PER_GPU_AT_100 * gpus * min(1.0, 100.0 / auto.sla.per_user_tokens_per_second)
+        return PolicyConfig.from_spec(auto, prior_capacity=prior)
+
+    async def evaluate(
+        self, body: dict, obj: DeepSeekServing, observed: Observed, kube: Kube, logger: logging.Logger
+    ) -> tuple[list[Cond], int | None]:
+        """Conditions to report, and the replica count to act on now (None: unchanged)."""
+        st = self._state(body)
+        now = time.time()
+        if now < st.next_at:
+            return st.conditions, None
+        cfg = self.config(obj)
+        st.next_at = now + cfg.evaluation_interval_s
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        url = obj.spec.autoscaling.prometheus_url or self.default_prometheus_url
+
+        groups = group_states(obj, observed)
+        counts = ReplicaCounts(
+            desired=obj.spec.replicas,
+            ready=sum(g.ready for g in groups),
+            starting=sum(g.exists and not g.ready and not g.unschedulable for g in groups),
+            pending=sum(bool(g.unschedulable) for g in groups) + sum(not g.exists for g in groups),
+        )
+        if url:
+            res = await fetch_async(url, namespace, serving_label_value(name), cfg.metrics_window_s, cfg.percentile)
+            snapshot, error = res.snapshot, res.error
+        else:
+            snapshot, error = None, "no Prometheus: set spec.autoscaling.prometheusUrl or the operator's --prometheus-url"
+        d = decide(PolicyInputs(now, snapshot, counts, cfg, error), st.policy)
+        st.policy, st.decision = d.state, d
+        st.conditions = [Cond(c.type, c.status, c.reason, c.message) for c in d.conditions]
+        self.decisions[(namespace, name, d.reason)] += 1
+
+        scaled = None
+        persist = now - st.persisted_at >= PERSIST_EVERY_S
+        if d.apply and obj.spec.autoscaling.mode == "Active":
+            try:
+                await asyncio.to_thread(kube.patch_spec_replicas, namespace, name, d.desired, meta.get("resourceVersion"))
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                logger.info("spec.replicas changed concurrently; deciding again next evaluation")
+                st.next_at = now + 1.0
+                return st.conditions, None
+            scaled = d.desired
+            persist = True
+            st.last_scaling = {"time": _now_iso(), "from": d.current, "to": d.desired, "reason": d.reason}
+            kind = "Warning" if d.overrode_outside_change else "Normal"
+            note = " (overriding an outside change of spec.replicas: the autoscaler owns it)" if d.overrode_outside_change else ""
+            kopf.event(body, type=kind, reason="Scaled", message=f"{d.current} -> {d.desired} replicas: {d.reason}: {d.message}{note}")
+        elif obj.spec.autoscaling.mode == "Advisory" and d.desired != d.current and st.advised != d.desired:
+            st.advised = d.desired
+            kopf.event(body, type="Normal", reason="AdvisoryScale",
+                       message=f"would scale {d.current} -> {d.desired} replicas: {d.reason}: {d.message}")  # fmt: skip
+        if persist:
+            st.persisted_at = now
+            await asyncio.to_thread(kube.annotate, namespace, name, STATE_ANNOTATION, json.dumps(d.state.to_dict(), separators=(",", ":")))
+        return st.conditions, scaled
+
+    def status_fields(self, body: dict) -> dict:
+        st = self._state(body)
+        d = st.decision
+        if d is None:
+            return {}
+        out: dict = {"slaState": d.sla_state, "learnedCapacity": _round(d.capacity) if d.capacity_learned else None}
+        r = d.readings or {}
+        sla = {
+            "perUserTokensPerSecondP50": _round(r.get("speedP50")),
+            "perUserTokensPerSecondP90": _round(r.get("speedAtPercentile")),
+            "tokensPerSecond": _round(r.get("tokensPerSecond")),
+        }
+        spec = body.get("spec") or {}
+        cost = ((spec.get("autoscaling") or {}).get("gpuHourlyCost"))
+        tps, ready = r.get("tokensPerSecond"), r.get("ready")
+        if cost and tps and ready:
+            from flashserve.api.validation import parse_spec
+
+            gpus = layout(parse_spec(spec)).gpus_per_replica * ready
+            sla["tokensPerDollar"] = round(tps * 3600.0 / (gpus * cost))
+        out["sla"] = {k: v for k, v in sla.items() if v is not None} or None
+        if st.last_scaling:
+            out["lastScaling"] = st.last_scaling
+        return {k: v for k, v in out.items() if v is not None}
+
+    def collect(self):
+        desired = GaugeMetricFamily("flashserve_autoscaler_desired_replicas", "Replicas the policy wants",
+                                    labels=["namespace", "serving"])  # fmt: skip
+        current = GaugeMetricFamily("flashserve_autoscaler_current_replicas", "spec.replicas when evaluated",
+                                    labels=["namespace", "serving"])  # fmt: skip
+        speed = GaugeMetricFamily("flashserve_sla_per_user_tokens_per_second",
+                                  "Per-user decode speed at the SLA percentile", labels=["namespace", "serving"])  # fmt: skip
+        met = GaugeMetricFamily("flashserve_sla_met", "1 when the SLA is met, 0 when at risk or breached",
+                                labels=["namespace", "serving"])  # fmt: skip
+        for (ns, name), st in self.servings.items():
+            d = st.decision
+            if d is None:
+                continue
+            desired.add_metric([ns, name], d.desired)
+            current.add_metric([ns, name], d.current)
+            s = (d.readings or {}).get("speedAtPercentile")
+            if s is not None:
+                speed.add_metric([ns, name], s)
+            if d.sla_state in ("Met", "AtRisk", "Breached"):
+                met.add_metric([ns, name], 1.0 if d.sla_state == "Met" else 0.0)
+        decisions = CounterMetricFamily("flashserve_autoscaler_decisions", "Decisions by reason",
+                                        labels=["namespace", "serving", "reason"])  # fmt: skip
+        for (ns, name, reason), n in self.decisions.items():
+            decisions.add_metric([ns, name, reason], n)
+        yield from (desired, current, speed, met, decisions)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.servings.pop((namespace, name), None)

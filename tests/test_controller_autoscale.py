@@ -1,0 +1,138 @@
+"""The operator's autoscaler wiring: metrics in, spec.replicas written (or not), status fields and conditions.
+Prometheus is a fake HTTP server on 127.0.0.1; the Kubernetes writes are recorded, not sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from flashserve.api.validation import parse_serving
+from flashserve.controller import autoscale as autoscale_mod
+from flashserve.controller.autoscale import STATE_ANNOTATION, Autoscaler
+from flashserve.controller.observe import Observed, PodView
+from tests.autoscaling.test_metrics import CANNED, FakePrometheus
+
+
+class RecordingKube:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def patch_spec_replicas(self, namespace, name, replicas, resource_version):
+        self.calls.append(("replicas", namespace, name, replicas, resource_version))
+
+    def annotate(self, namespace, name, key, value):
+        self.calls.append(("annotate", key, json.loads(value)))
+
+
+@pytest.fixture
+def prometheus():
+    FakePrometheus.mode, FakePrometheus.values = "ok", dict(CANNED)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", FakePrometheus
+    server.shutdown()
+
+
+@pytest.fixture
+def events(monkeypatch):
+    seen: list[dict] = []
+    monkeypatch.setattr(autoscale_mod.kopf, "event", lambda body, **kw: seen.append(kw))
+    return seen
+
+
+def body_for(url: str, mode: str = "Active", replicas: int = 2) -> dict:
+    return {
+        "apiVersion": "flashserve.io/v1alpha1",
+        "kind": "DeepSeekServing",
+        "metadata": {"name": "flash", "namespace": "team-a", "uid": "u", "resourceVersion": "42", "generation": 1},
+        "spec": {"replicas": replicas, "autoscaling": {"enabled": True, "mode": mode, "minReplicas": 1, "maxReplicas": 8,
+                                                       "prometheusUrl": url, "gpuHourlyCost": 6.0}},  # fmt: skip
+    }
+
+
+def ready_observed(groups: int) -> Observed:
+    from flashserve.controller.observe import slim
+
+    obs = Observed()
+    for i in range(groups):
+        name = f"flash-g{i}"
+        obs.statefulsets[name] = slim({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {
+            "name": name, "labels": {"flashserve.io/group": str(i)}, "annotations": {}}, "spec": {"replicas": 1}})  # fmt: skip
+        obs.pods.append(PodView(f"{name}-0", i, "", True, False, "Running", False, 0, "n"))
+    return obs
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def evaluate(scaler: Autoscaler, body: dict, observed: Observed, kube: RecordingKube):
+    obj = parse_serving(body)
+    # The StatefulSets carry no template hash here: readiness is what the autoscaler counts.
+    return run(scaler.evaluate(body, obj, observed, kube, logging.getLogger("test")))
+
+
+def test_breach_scales_up_at_once_and_reports(prometheus, events):
+    url, fake = prometheus
+    # 2 replicas, 900 users running: per-user speed far below 100 tok/s.
+    fake.values.update(running=900.0, running_avg=900.0, itl_at_percentile=0.040, itl_p50=0.030)
+    scaler, kube = Autoscaler(), RecordingKube()
+    body = body_for(url)
+    conds, scaled = evaluate(scaler, body, ready_observed(2), kube)
+    assert scaled is not None and scaled > 2
+    assert ("replicas", "team-a", "flash", scaled, "42") in kube.calls, "write guarded by resourceVersion"
+    assert any(c[0] == "annotate" and c[1] == STATE_ANNOTATION for c in kube.calls), "state persisted on change"
+    assert events and events[-1]["reason"] == "Scaled" and f"2 -> {scaled}" in events[-1]["message"]
+    assert {c.type: c.status for c in conds}["MetricsAvailable"] == "True"
+    status = scaler.status_fields(body)
+    assert status["slaState"] in ("Breached", "AtRisk")
+    assert status["lastScaling"]["from"] == 2 and status["lastScaling"]["to"] == scaled
+    assert status["sla"]["tokensPerSecond"] > 0 and status["sla"]["tokensPerDollar"] > 0
+
+
+def test_advisory_mode_reports_without_writing(prometheus, events):
+    url, fake = prometheus
+    fake.values.update(running=900.0, running_avg=900.0, itl_at_percentile=0.040, itl_p50=0.030)
+    scaler, kube = Autoscaler(), RecordingKube()
+    conds, scaled = evaluate(scaler, body_for(url, mode="Advisory"), ready_observed(2), kube)
+    assert scaled is None and not [c for c in kube.calls if c[0] == "replicas"]
+    assert events and events[-1]["reason"] == "AdvisoryScale"
+
+
+def test_prometheus_down_holds_with_metrics_unavailable(events):
+    scaler, kube = Autoscaler(), RecordingKube()
+    conds, scaled = evaluate(scaler, body_for("http://127.0.0.1:9"), ready_observed(3), kube)
+    assert scaled is None and not kube.calls
+    metrics = {c.type: c for c in conds}["MetricsAvailable"]
+    assert metrics.status == "False" and "Prometheus" in metrics.message
+
+
+def test_evaluations_are_paced_by_the_interval(prometheus, events):
+    url, _ = prometheus
+    scaler, kube = Autoscaler(), RecordingKube()
+    body = body_for(url)
+    evaluate(scaler, body, ready_observed(2), kube)
+    seen = len(FakePrometheus.seen)
+    evaluate(scaler, body, ready_observed(2), kube)
+    assert len(FakePrometheus.seen) == seen, "a second evaluation inside the interval must not query again"
+    assert 0 < scaler.next_evaluation_in(body) <= 15
+
+
+def test_learned_state_is_restored_from_the_annotation(prometheus, events):
+    url, fake = prometheus
+    fake.values.update(running=900.0, running_avg=900.0, itl_at_percentile=0.040, itl_p50=0.030)
+    scaler, kube = Autoscaler(), RecordingKube()
+    evaluate(scaler, body_for(url), ready_observed(2), kube)
+    saved = [c for c in kube.calls if c[0] == "annotate"][-1][2]
+    restarted = Autoscaler()
+    body = body_for(url)
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps(saved)}
+    assert restarted._state(body).policy.to_dict() == saved
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: "{not json"}
+    assert Autoscaler()._state(body).policy is not None, "a broken annotation falls back to defaults"
