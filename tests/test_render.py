@@ -128,3 +128,19 @@ def test_client_service_and_pdb():
     assert svc["spec"]["selector"] == {"flashserve.io/serving": "flash"}
     pdb = by_kind(objs, "PodDisruptionBudget")[0]
     assert pdb["spec"]["maxUnavailable"] == 2
+
+
+def test_network_policy_is_optional_and_never_restarts_engines():
+    plain = render(cr({}))
+    assert not by_kind(plain, "NetworkPolicy")
+    objs = render(cr({"networkPolicy": {"enabled": True, "allowedNamespaces": ["gateway", "monitoring"]}}))
+    pol = by_kind(objs, "NetworkPolicy")[0]
+    assert pol["spec"]["podSelector"] == {"matchLabels": {"flashserve.io/serving": "flash"}}
+    api_rule = pol["spec"]["ingress"][1]
+    assert api_rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}} in api_rule["from"]
+    h = lambda objs: by_kind(objs, "StatefulSet")[0]["metadata"]["annotations"]["flashserve.io/template-hash"]  # noqa: E731
+    assert h(plain) == h(objs)
+    from tests.k8s_schema import validate
+
+    validate(pol)

@@ -71,12 +71,12 @@ def _render(template: str, **ctx: object) -> dict:
 
 
 def template_hash(spec: DeepSeekServingSpec) -> str:
-    """Hash of everything that shapes a pod. Replica count, autoscaling bounds and rollout pace are left out,
-    so changing them never restarts an engine."""
+    """Hash of everything that shapes a pod: the model, engine, parallelism and placement sections and the SLA
+    target (it sets the histogram buckets). Replica count, autoscaling bounds, rollout pace and the network
+    policy are left out, so changing them never restarts an engine."""
     pod_inputs = spec.dump()
-    for key in ("replicas", "rollout"):
-        pod_inputs.pop(key, None)
-    pod_inputs["autoscaling"] = {"sla": pod_inputs["autoscaling"]["sla"]["perUserTokensPerSecond"]}
+    pod_inputs = {k: pod_inputs[k] for k in ("model", "engine", "parallelism", "placement")}
+    pod_inputs["sla"] = spec.autoscaling.sla.per_user_tokens_per_second
     digest = hashlib.sha256(json.dumps(pod_inputs, sort_keys=True).encode()).hexdigest()
     return digest[:16]
 
@@ -241,11 +241,12 @@ def render_group(obj: DeepSeekServing, index: int) -> list[dict]:
 
 
 def render_shared(obj: DeepSeekServing) -> list[dict]:
-    """Objects shared by all groups: the client Service and the PodDisruptionBudget."""
+    """Objects shared by all groups: the client Service, the PodDisruptionBudget and [a NetworkPolicy]."""
     name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
     ctx = {
         "service": service_name(name),
         "pdb": pdb_name(name),
+        "policy": service_name(name),
         "namespace": namespace,
         "labels": labels(name),
         "selector": selector(name),
@@ -253,7 +254,14 @@ def render_shared(obj: DeepSeekServing) -> list[dict]:
         "port": obj.spec.engine.port,
         "nodes": layout(obj.spec).nodes,
     }
-    return [_render("service.yaml.j2", **ctx), _render("pdb.yaml.j2", **ctx)]
+    out = [_render("service.yaml.j2", **ctx), _render("pdb.yaml.j2", **ctx)]
+    netpol = obj.spec.network_policy
+    if netpol.enabled:
+        peers = [{"podSelector": {}}] + [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}} for ns in netpol.allowed_namespaces
+        ]
+        out.append(_render("networkpolicy.yaml.j2", **ctx, api_peers=peers))
+    return out
 
 
 def render_serving(obj: DeepSeekServing, replicas: int | None = None) -> list[dict]:

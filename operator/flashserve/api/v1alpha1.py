@@ -310,6 +310,15 @@ class AutoscalingSpec(_Model):
     """Cost of one GPU-hour in dollars, for tokens-per-dollar in status."""
 
 
+class NetworkPolicySpec(_Model):
+    enabled: bool = False
+    """Create a NetworkPolicy for the engine pods: pods of the serving may reach each other on any port
+    (data-parallel RPC and NCCL bootstrap), and clients reach only the API port."""
+    allowed_namespaces: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(default_factory=list, max_length=MAX_LIST)
+    """Namespaces (besides the serving's own) whose pods may call the API port, e.g. a gateway's and
+    Prometheus's namespaces."""
+
+
 class RolloutSpec(_Model):
     max_unavailable: int = Field(1, ge=1, le=1000)
     """Replica groups that may be updating at once; a group's pods are always replaced together."""
@@ -330,6 +339,8 @@ class DeepSeekServingSpec(_Model):
     """Per-user-speed autoscaling."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     """How pod changes roll out over groups."""
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """Optional NetworkPolicy limiting who may reach the engines."""
 
 
 # --------------------------------------------------------------------------------------------- status

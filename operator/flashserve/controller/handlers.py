@@ -60,6 +60,13 @@ async def fs_pdbs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> di
     return {key: slim(body)} if key else None
 
 
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)
+async def fs_netpols(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
 @kopf.index("", "v1", "pods", labels=MANAGED)
 async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
@@ -88,6 +95,7 @@ async def serving_event(
     fs_services: kopf.Index,
     fs_pdbs: kopf.Index,
     fs_pods: kopf.Index,
+    fs_netpols: kopf.Index,
     **_: Any,
 ) -> None:
     key = (namespace, serving_label_value(name))
@@ -101,12 +109,13 @@ async def serving_event(
         return
     _bodies[key] = copy.deepcopy(dict(body))
     if key not in _workers or _workers[key].done():
-        indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods)
+        indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods, fs_netpols)
         _workers[key] = asyncio.create_task(_worker(key, memo.controller, indexes, logger), name=f"reconcile {key}")
     _wake(key)
 
 
-def _observed(key: tuple[str, str], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index) -> Observed:
+def _observed(key: tuple[str, str], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index,
+              netpols: kopf.Index) -> Observed:
     def items(index: kopf.Index) -> list:
         return list(index.get(key, []))
 
@@ -114,6 +123,7 @@ def _observed(key: tuple[str, str], sts: kopf.Index, svcs: kopf.Index, pdbs: kop
         statefulsets={s["metadata"]["name"]: s for s in items(sts) if not s["metadata"]["deletionTimestamp"]},
         services={s["metadata"]["name"]: s for s in items(svcs) if not s["metadata"]["deletionTimestamp"]},
         pdbs={s["metadata"]["name"]: s for s in items(pdbs)},
+        netpols={s["metadata"]["name"]: s for s in items(netpols)},
         pods=items(pods),
     )
 

@@ -26,6 +26,7 @@ _PATHS = {
     ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods/{name}",
     ("apps/v1", "StatefulSet"): "/apis/apps/v1/namespaces/{ns}/statefulsets/{name}",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}",
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains/{name}",
 }  # fmt: skip
 _KIND_VERSION = {kind: api for api, kind in _PATHS}

@@ -30,6 +30,7 @@ class Observed:
     statefulsets: dict[str, dict] = field(default_factory=dict)  # by name
     services: dict[str, dict] = field(default_factory=dict)
     pdbs: dict[str, dict] = field(default_factory=dict)
+    netpols: dict[str, dict] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)
 
 

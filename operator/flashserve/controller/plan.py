@@ -86,7 +86,8 @@ def _needs_apply(obj: dict, live: dict | None) -> bool:
 
 def _live(observed: Observed, obj: dict) -> dict | None:
     kind, name = obj["kind"], obj["metadata"]["name"]
-    table = {"StatefulSet": observed.statefulsets, "Service": observed.services, "PodDisruptionBudget": observed.pdbs}
+    table = {"StatefulSet": observed.statefulsets, "Service": observed.services, "PodDisruptionBudget": observed.pdbs,
+             "NetworkPolicy": observed.netpols}  # fmt: skip
     if kind not in table:
         return None  # kinds the controller does not watch (ComputeDomain) are applied when their group changes
     return table[kind].get(name)
@@ -163,6 +164,9 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
             out.apply.append(o)
             if live is not None:
                 out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
+
+    if not spec.network_policy.enabled:
+        out.delete += [("NetworkPolicy", n) for n in observed.netpols]
 
     # Groups beyond the desired count, highest first; their headless Services and ComputeDomains with them.
     extra = sorted((i for i in sts_by_index if i >= desired), reverse=True)
