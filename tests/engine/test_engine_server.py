@@ -67,7 +67,9 @@ def test_openai_client_streaming_chat_and_plain_completion(mock_server):
     assert usage.completion_tokens == 40 and count_tokens(text) == 40
     assert usage.prompt_tokens == count_tokens(render_chat(messages))
     assert usage.prompt_tokens_details.cached_tokens == 0
-    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 5  # really streamed
+    # Really streamed: more than one content chunk. (How many depends on how far the real-time driver runs
+    # behind on a loaded machine, when it emits several engine steps in one chunk.)
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
 
     # next turn: the whole first turn is reused from the prefix cache
     messages2 = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "run the tests"}]
