@@ -105,3 +105,20 @@ def condition(obj: dict, ctype: str) -> dict:
         if c["type"] == ctype:
             return c
     return {}
+
+
+def restart_process(pid: int, down_seconds: float = 3.0) -> int:
+    """Kill a process and start it again with the same command line, working directory and environment
+    (how a crashed control-plane component comes back under a supervisor). Returns the new pid."""
+    proc = Path(f"/proc/{pid}")
+    argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+    env = dict(kv.split("=", 1) for kv in (proc / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in kv)
+    cwd = os.readlink(proc / "cwd")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while proc.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(down_seconds)
+    new = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)  # fmt: skip
+    return new.pid

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-name", default="flashserve-operator")
     p.add_argument("--watch-timeout", type=int, default=int(env("FLASHSERVE_WATCH_TIMEOUT", "300")),
                    help="server-side watch timeout in seconds; the client gives up 30 s later")  # fmt: skip
+    p.add_argument("--watch-client-timeout", type=int, default=None,
+                   help="client-side watch timeout: a watch silent this long is dropped and re-established "
+                   "(default: --watch-timeout + 30)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -65,7 +68,7 @@ def _configure_kopf(settings: kopf.OperatorSettings, args: argparse.Namespace) -
         prefix="flashserve.io", key="last-handled-configuration"
     )
     settings.watching.server_timeout = args.watch_timeout
-    settings.watching.client_timeout = args.watch_timeout + 30
+    settings.watching.client_timeout = args.watch_client_timeout or args.watch_timeout + 30
     settings.watching.connect_timeout = 10
     settings.watching.reconnect_backoff = 1.0
     settings.networking.request_timeout = 30

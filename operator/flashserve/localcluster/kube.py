@@ -24,14 +24,20 @@ def api_client(kubeconfig: Path) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(kubeconfig))
 
 
-def crd_exists(api: client.ApiClient, name: str) -> bool:
-    try:
-        client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise
+def crd_exists(api: client.ApiClient, name: str, settle_seconds: float = 20.0) -> bool:
+    """Whether the CRD exists. A freshly restarted API server answers 404 for CRDs until its caches have
+    synced, so a 404 is believed only once it has lasted `settle_seconds`."""
+    deadline = time.monotonic() + settle_seconds
+    while True:
+        try:
+            client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
+            return True
+        except ApiException as e:
+            if e.status not in (404, 503) or time.monotonic() > deadline:
+                if e.status in (404, 503):
+                    return False
+                raise
+        time.sleep(1.0)
 
 
 def wait_for_crd(api: client.ApiClient, name: str, timeout: float = 60) -> None:
