@@ -1,0 +1,67 @@
+"""Prometheus file_sd target files for the runtime's engines (and its router), written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE_NAME = "flashserve-runtime.json"
+ENGINE_JOB = "vllm"
+ROUTER_JOB = "flashserve-router"
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    address: str
+    port: int
+    namespace: str
+    pod: str
+    serving: str
+    group: str
+    node: str = ""
+
+
+def target_groups(engines: list[EngineTarget], router: str | None = None) -> list[dict]:
+    """One group per engine, so each carries its own labels; sorted, so equal sets give equal files."""
+    groups = []
+    for e in sorted(engines, key=lambda e: (e.namespace, e.pod)):
+        labels = {"job": ENGINE_JOB, "namespace": e.namespace, "pod": e.pod, "serving": e.serving, "group": e.group}
+        if e.node:
+            labels["node"] = e.node
+        groups.append({"targets": [f"{e.address}:{e.port}"], "labels": labels})
+    if router:
+        groups.append({"targets": [router], "labels": {"job": ROUTER_JOB}})
+    return groups
+
+
+def write_atomic(path: Path, text: str) -> bool:
+    """Write `text` unless the file already holds it; Prometheus only ever sees a whole file. True if written."""
+    path = Path(path)
+    try:
+        if path.read_text() == text:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return True
+
+
+def write_targets(path: Path, engines: list[EngineTarget], router: str | None = None) -> bool:
+    return write_atomic(path, json.dumps(target_groups(engines, router), indent=1) + "\n")

@@ -1,0 +1,34 @@
+"""Prometheus file_sd targets: labels, determinism, atomic replacement."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from flashserve.runtime.filesd import EngineTarget, target_groups, write_targets
+
+A = EngineTarget("127.64.0.1", 8000, "demo", "flash-g1-0", "flash", "1", "gb200-r0-n00")
+B = EngineTarget("127.64.1.1", 8000, "demo", "flash-g0-0", "flash", "0")
+
+
+def test_one_group_per_engine_with_the_labels_queries_use():
+    groups = target_groups([A, B], router="127.0.0.1:18000")
+    assert groups[0] == {"targets": ["127.64.1.1:8000"],
+                         "labels": {"job": "vllm", "namespace": "demo", "pod": "flash-g0-0", "serving": "flash",
+                                    "group": "0"}}
+    assert groups[1]["labels"]["node"] == "gb200-r0-n00"
+    assert groups[2] == {"targets": ["127.0.0.1:18000"], "labels": {"job": "flashserve-router"}}
+    assert target_groups([B, A]) == target_groups([A, B])
+
+
+def test_write_is_atomic_and_skips_unchanged_content(tmp_path):
+    path = tmp_path / "targets" / "flashserve-runtime.json"
+    assert write_targets(path, [A, B]) is True
+    first = os.stat(path)
+    assert json.loads(path.read_text())[0]["labels"]["pod"] == "flash-g0-0"
+    assert write_targets(path, [B, A]) is False  # same content: Prometheus is not poked
+    assert os.stat(path).st_ino == first.st_ino
+    assert write_targets(path, [A]) is True
+    assert os.stat(path).st_ino != first.st_ino  # replaced by rename, never rewritten in place
+    assert len(json.loads(path.read_text())) == 1
+    assert [p.name for p in path.parent.iterdir()] == ["flashserve-runtime.json"]  # no temporary left behind
