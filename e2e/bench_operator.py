@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     m2 = op.metrics()
     cpu2, rss = _proc_stats(op.proc.pid)
     op.stop()
+    idle_writes = [line for line in op.log_path.read_text().splitlines()[-2000:] if ": status [" in line or ": apply [" in line]
+    if idle_writes:
+        print("[bench] last writes logged by the operator:\n  " + "\n  ".join(idle_writes[-8:]))
 
     writes = lambda m: m["flashserve_child_writes_total"] + m["flashserve_status_writes_total"]  # noqa: E731
     results = {

@@ -30,6 +30,9 @@ from flashserve.controller.status import (
 from flashserve.render import endpoint, selector_string
 
 
+log = logging.getLogger(__name__)
+
+
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -81,6 +84,9 @@ class Controller:
 
         p = plan(obj, observed)
         if p.writes:
+            log.info("%s/%s: apply %s; patch %s; delete %s; delete pods %s", namespace, name,
+                     [f"{o['kind']}/{o['metadata']['name']}" for o in p.apply], p.patch_replicas, p.delete,
+                     p.delete_pods)  # fmt: skip
             await asyncio.to_thread(self._execute, namespace, p)
             self.stats.writes += p.writes
             self._report(body, p, logger)
@@ -128,6 +134,8 @@ class Controller:
         if merged == old:
             return
         meta = body["metadata"]
+        changed = sorted(k for k in new if old.get(k) != new[k])
+        log.info("%s/%s: status %s", meta["namespace"], meta["name"], changed)
         await asyncio.to_thread(self.kube.patch_status, meta["namespace"], meta["name"], new)
         self.stats.status_writes += 1
         for kind, reason, message in transitions(old.get("conditions"), new.get("conditions", [])):
