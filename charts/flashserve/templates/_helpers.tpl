@@ -1,0 +1,112 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "flashserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name when it already contains the chart name, else <release>-<chart>. */}}
+{{- define "flashserve.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the operator's objects (Deployment, Service, RBAC). */}}
+{{- define "flashserve.operatorName" -}}
+{{- printf "%s-operator" (include "flashserve.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "flashserve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "flashserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "flashserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "flashserve.labels" -}}
+helm.sh/chart: {{ include "flashserve.chart" . }}
+{{ include "flashserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: flashserve
+{{- end }}
+
+{{- define "flashserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "flashserve.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "flashserve.leaseName" -}}
+{{- default (include "flashserve.operatorName" .) .Values.operator.leaderElection.leaseName }}
+{{- end }}
+
+{{- define "flashserve.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Is an item under `monitoring` on: the master switch and its own switch. */}}
+{{- define "flashserve.monitoring" -}}
+{{- $item := index .root.Values.monitoring .item }}
+{{- if and .root.Values.monitoring.enabled $item.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+The API access of one reconcile loop, in the namespaces it manages: exactly what controller/kube.py,
+controller/handlers.py, controller/autoscale.py and kopf do there (tests/chart checks it against the code). Server-side apply is a PATCH that creates a missing object, so
+the API server checks `create` as well. `get` adds nothing that `list` does not already give.
+*/}}
+{{- define "flashserve.namespacedRules" -}}
+- apiGroups: ["flashserve.io"]
+  resources: ["deepseekservings"]
+  # watched by kopf; the autoscaler patches spec.replicas and its state annotation
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["flashserve.io"]
+  resources: ["deepseekservings/status"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  # one per replica group: applied, scaled, deleted with its group
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  # applied, never deleted by the operator (owner references remove it with the serving)
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  # the engines' optional NetworkPolicy (spec.networkPolicy): applied, and deleted when turned off
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  # observed for readiness; all pods of a group are deleted together in a rollout
+  verbs: ["get", "list", "watch", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  # kopf posts core/v1 Events about servings
+  verbs: ["create"]
+{{- if .Values.rbac.computeDomains }}
+- apiGroups: ["resource.nvidia.com"]
+  resources: ["computedomains"]
+  # applied per multi-node group and deleted with it; not watched
+  verbs: ["create", "patch", "delete"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,524 @@
+"""The Helm chart: lint, golden renderings, Kubernetes 1.35 schema, least-privilege RBAC checked against the
+operator's code, the CRD copy, manifests/install.yaml, values schema, and the Prometheus rules and dashboard
+queries checked with promtool."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.chart.conftest import CHART, COMBOS, NAMESPACE, RELEASE, ROOT
+from tests.k8s_schema import validate
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CRD = ROOT / "crds" / "flashserve.io_deepseekservings.yaml"
+INSTALL = ROOT / "manifests" / "install.yaml"
+# The arguments mk/chart.mk's `make manifests` renders manifests/install.yaml with.
+INSTALL_ARGS = ["template", "flashserve", str(CHART), "--namespace", "flashserve-system", "--include-crds",
+                "--set", "createNamespace=true"]  # fmt: skip
+OP = "flashserve-operator"
+PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+# Exactly the access the operator has in a namespace it manages: (API group, resource) -> verbs.
+# Least privilege: a verb here that the code does not use, or a use the code makes that is not here, fails
+# test_namespaced_rules_match_what_the_code_does.
+NAMESPACED_ACCESS = {
+    ("flashserve.io", "deepseekservings"): {"get", "list", "watch", "patch"},
+    ("flashserve.io", "deepseekservings/status"): {"patch"},
+    ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "events"): {"create"},
+    ("resource.nvidia.com", "computedomains"): {"create", "patch", "delete"},
+}
+# Kinds the reconciler deletes (plan.py: groups beyond replicas, pods of a group in a rollout, a NetworkPolicy
+# turned off); the PodDisruptionBudget goes with the serving through its owner reference.
+DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy"}
+
+
+# A serving that makes the renderer produce every kind it can: multi-node groups with a ComputeDomain, and
+# the engines' NetworkPolicy.
+_FULL_SERVING = {
+    "apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": "flash", "namespace": "team-a"},
+    "spec": {"parallelism": {"nodesPerReplica": 2}, "networkPolicy": {"enabled": True},
+             "placement": {"accelerator": "GB200", "computeDomain": {"enabled": True}}},
+}  # fmt: skip
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file for {name}: run UPDATE_GOLDEN=1 pytest {__file__}"
+    assert text == path.read_text(), f"the chart renders {name} differently: review, then UPDATE_GOLDEN=1"
+
+
+def _rules(role: dict) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ lint, golden
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_helm_lint(helm, combo):
+    proc = subprocess.run([helm, "lint", "--strict", str(CHART), *COMBOS[combo]], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_golden(render, combo):
+    _golden(combo, render(*COMBOS[combo]).text)
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_every_object_is_valid(render, combo):
+    docs = render(*COMBOS[combo]).docs
+    assert docs
+    for doc in docs:
+        if doc["kind"] in PROMETHEUS_OPERATOR_KINDS:
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+            assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
+            continue  # CRD kinds: checked structurally and with promtool below
+        validate(doc)
+        assert doc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        if doc["kind"] not in {"ClusterRole", "ClusterRoleBinding", "Namespace"}:
+            assert doc["metadata"]["namespace"], f"{doc['kind']} {doc['metadata']['name']} has no namespace"
+
+
+def test_crd_in_chart_is_the_generated_one():
+    assert (CHART / "crds" / CRD.name).read_bytes() == CRD.read_bytes(), "run `make manifests` (copies the CRD)"
+    assert [p.name for p in (CHART / "crds").iterdir()] == [CRD.name]
+
+
+def test_install_manifest_is_the_rendered_chart(helm):
+    proc = subprocess.run([helm, *INSTALL_ARGS], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    text = INSTALL.read_text()
+    body = text[text.index("---"):]
+    assert body == proc.stdout, "manifests/install.yaml is stale: run `make manifests`"
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    kinds = [d["kind"] for d in docs]
+    assert kinds[:2] == ["CustomResourceDefinition", "Namespace"], "CRD and Namespace must come first"
+    assert docs[0] == yaml.safe_load(CRD.read_text())
+    assert docs[1]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service"} <= set(kinds)
+    assert not PROMETHEUS_OPERATOR_KINDS & set(kinds), "install.yaml must not need the Prometheus Operator"
+
+
+# ----------------------------------------------------------------------------------------------- RBAC
+
+
+def test_namespaced_rules_match_what_the_code_does(render):
+    """Derive the API use from the operator's code and compare with the chart's role, both ways."""
+    import kopf
+
+    import flashserve.controller.handlers  # noqa: F401  (registers the watches)
+    from flashserve.controller import kube
+    from flashserve.render import render as render_serving
+
+    role = _rules(render().find("ClusterRole", OP))
+    assert role == NAMESPACED_ACCESS
+
+    needed: dict[tuple[str, str], set[str]] = {}
+
+    def need(group: str, resource: str, *verbs: str) -> None:
+        needed.setdefault((group, resource), set()).update(verbs)
+
+    applied = {(o["apiVersion"], o["kind"]) for o in render_serving(_FULL_SERVING)}
+    assert ("resource.nvidia.com/v1beta1", "ComputeDomain") in applied and ("networking.k8s.io/v1", "NetworkPolicy") in applied
+    for (api_version, kind), path in kube._PATHS.items():
+        group = api_version.rpartition("/")[0]
+        resource = path.split("/")[-2]
+        assert re.fullmatch(r"[a-z]+", resource), path
+        if (api_version, kind) in applied:
+            need(group, resource, "create", "patch")  # server-side apply creates what is missing
+        if kind in DELETED_KINDS:
+            need(group, resource, "delete")
+    assert applied <= set(kube._PATHS), "the renderer makes a kind kube.py cannot apply"
+    registry = kopf.get_default_registry() if hasattr(kopf, "get_default_registry") else kopf._core.intents.registries.get_default_registry()  # noqa: E501
+    for h in [*registry._indexing.get_all_handlers(), *registry._watching.get_all_handlers()]:
+        need(h.selector.group or "", h.selector.plural or h.selector.any_name, "list", "watch")
+    need("flashserve.io", "deepseekservings", "patch")  # Kube.patch_spec_replicas, Kube.annotate (autoscaler)
+    need("flashserve.io", "deepseekservings/status", "patch")  # Kube.patch_status
+    need("", "events", "create")  # kopf.event
+
+    for key, verbs in needed.items():
+        assert verbs <= role.get(key, set()), f"the operator needs {sorted(verbs)} on {key}, the chart grants {role.get(key)}"
+    for key, verbs in role.items():
+        # `get` on something listed adds nothing; everything else granted must be used.
+        extra = verbs - needed.get(key, set()) - ({"get"} if "list" in needed.get(key, set()) else set())
+        assert not extra, f"the chart grants {sorted(extra)} on {key}, which the operator does not use"
+
+
+def test_rbac_is_least_privilege_everywhere(render):
+    for combo in COMBOS:
+        for doc in render(*COMBOS[combo]).docs:
+            if doc["kind"] not in ("ClusterRole", "Role"):
+                continue
+            for rule in doc["rules"]:
+                text = json.dumps(rule)
+                assert "*" not in text, f"wildcard in {doc['kind']} {doc['metadata']['name']}: {rule}"
+                assert "secrets" not in rule["resources"], f"{doc['metadata']['name']} touches Secrets"
+                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_cluster_wide_by_default(render):
+    r = render()
+    assert r.find("ClusterRoleBinding", OP)["subjects"] == [{"kind": "ServiceAccount", "name": OP, "namespace": NAMESPACE}]
+    assert not r.all("RoleBinding", OP)
+    discovery = _rules(r.find("ClusterRole", f"{OP}-discovery"))
+    assert discovery == {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+    lease = r.find("Role", f"{OP}-leader-election", NAMESPACE)
+    assert lease["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [OP], "verbs": ["get", "update"]},
+    ]
+    args = r.find("Deployment", OP)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--namespace")]
+
+
+def test_watch_namespaces_gives_a_role_per_namespace(render):
+    r = render(*COMBOS["watch-namespaces"])
+    assert not r.all("ClusterRole", OP) and not r.all("ClusterRoleBinding", OP)
+    for ns in ("team-a", "team-b"):
+        assert _rules(r.find("Role", OP, ns)) == NAMESPACED_ACCESS
+        binding = r.find("RoleBinding", OP, ns)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": OP}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OP, "namespace": NAMESPACE}]
+    # kopf lists and watches namespaces when it serves a list of them
+    assert _rules(r.find("ClusterRole", f"{OP}-discovery"))[("", "namespaces")] == {"list", "watch"}
+    args = r.find("Deployment", OP)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def test_compute_domains_can_be_left_out(render):
+    role = _rules(render("--set", "rbac.computeDomains=false").find("ClusterRole", OP))
+    assert ("resource.nvidia.com", "computedomains") not in role
+
+
+def test_user_roles_aggregate(render):
+    r = render()
+    view = r.find("ClusterRole", f"{RELEASE}-deepseekservings-view")
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in view["rules"])
+    edit = r.find("ClusterRole", f"{RELEASE}-deepseekservings-edit")["metadata"]["labels"]
+    assert edit["rbac.authorization.k8s.io/aggregate-to-edit"] == edit["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert not render("--set", "rbac.aggregateToDefaultRoles=false").all("ClusterRole", f"{RELEASE}-deepseekservings-view")
+
+
+# ------------------------------------------------------------------------------------------ Deployment
+
+
+def test_deployment_is_restricted_and_highly_available(render):
+    r = render()
+    dep = r.find("Deployment", OP)
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == OP
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/flashserve/flashserve-operator:0.1.0"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert {"mountPath": "/tmp", "name": "tmp"} in c["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    assert c["env"][0] == {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"health": 8081, "metrics": 8082}
+    svc = r.find("Service", f"{OP}-metrics")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert r.find("PodDisruptionBudget", OP)["spec"]["maxUnavailable"] == 1
+    assert r.find("ServiceAccount", OP)["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True
+
+
+def test_deployment_args_are_what_flashserve_run_accepts(render):
+    from flashserve.controller.main import _parser
+
+    dep = render(*COMBOS["monitoring"]).find("Deployment", OP)
+    args = _parser().parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.liveness == "http://0.0.0.0:8081/healthz"
+    assert args.metrics_address == "0.0.0.0:8082"
+    assert args.leader_elect is True and args.lease_name == OP
+    assert args.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
+    assert args.resync_seconds == 30 and args.namespace is None
+    args = _parser().parse_args(render(*COMBOS["watch-namespaces"]).find("Deployment", OP)["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.namespace == ["team-a", "team-b"]
+
+
+def test_image_digest_and_names(render):
+    c = render("--set", "image.digest=sha256:" + "a" * 64, "--set", "image.tag=9.9.9").find("Deployment", OP)
+    assert c["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/flashserve/flashserve-operator@sha256:" + "a" * 64
+    c = render("--set", "image.repository=registry.local/fs", "--set", "image.tag=dev").find("Deployment", OP)
+    assert c["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/fs:dev"
+    r = render("--set", "fullnameOverride=fs")
+    assert r.find("Deployment", "fs-operator") and r.find("Role", "fs-operator-leader-election")["rules"][1]["resourceNames"] == ["fs-operator"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "foo=1"], "additional properties 'foo' not allowed"),
+    (["--set", "replicaCount=-1"], "/replicaCount"),
+    (["--set", "watchNamespaces={Bad_NS}"], "/watchNamespaces/0"),
+    (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+    (["--set", "monitoring.prometheusRule.sla.percentile=abc"], "/monitoring/prometheusRule/sla/percentile"),
+    (["--set", "operator.prometheusUrl=prometheus:9090"], "/operator/prometheusUrl"),
+    (["--set", "operator.leaderElection.enabled=false"], "replicaCount > 1 needs operator.leaderElection.enabled"),
+    (["--set", "monitoring.enabled=true", "--set", "metrics.service.enabled=false"], "needs metrics.service.enabled"),
+])  # fmt: skip
+def test_bad_values_are_refused(render, args, message):
+    proc = render(*args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_single_replica_without_leader_election(render):
+    r = render("--set", "replicaCount=1", "--set", "operator.leaderElection.enabled=false")
+    args = r.find("Deployment", OP)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-leader-elect" in args
+    assert not r.all("Role", f"{OP}-leader-election") and not r.all("PodDisruptionBudget")
+
+
+# ---------------------------------------------------------------------------------------- monitoring
+
+
+def test_monitoring_is_off_by_default_and_on_with_one_value(render):
+    assert not {d["kind"] for d in render().docs} & PROMETHEUS_OPERATOR_KINDS
+    on = render(*COMBOS["monitoring"])
+    assert {d["kind"] for d in on.docs} >= PROMETHEUS_OPERATOR_KINDS | {"ConfigMap"}
+    off = render(*COMBOS["monitoring"], "--set", "monitoring.podMonitor.enabled=false")
+    assert not off.all("PodMonitor")
+
+
+def test_service_monitor_selects_the_metrics_service(render):
+    r = render(*COMBOS["monitoring"])
+    sm, svc = r.find("ServiceMonitor"), r.find("Service", f"{OP}-metrics")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (ep,) = sm["spec"]["endpoints"]
+    assert ep["port"] == svc["spec"]["ports"][0]["name"] and ep["path"] == "/metrics" and ep["honorLabels"] is True
+
+
+def test_pod_monitor_selects_the_engine_pods_the_operator_renders(render):
+    """The PodMonitor's selector and port must match what the renderer puts on engine pods."""
+    from flashserve.render import render as render_serving
+
+    objs = render_serving(_FULL_SERVING)
+    sts = next(o for o in objs if o["kind"] == "StatefulSet")
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    port_names = {p["name"] for c in sts["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+
+    pm = render(*COMBOS["monitoring"]).find("PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] in port_names
+    relabel = {r["targetLabel"]: r["sourceLabels"][0] for r in ep["relabelings"]}
+    assert relabel == {"serving": "__meta_kubernetes_pod_label_flashserve_io_serving",
+                       "group": "__meta_kubernetes_pod_label_flashserve_io_group"}  # fmt: skip
+    assert "flashserve.io/serving" in pod_labels and "flashserve.io/group" in pod_labels
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    scoped = render("--set", "monitoring.enabled=true", "--set", "watchNamespaces={team-a}").find("PodMonitor")
+    assert scoped["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+
+
+def test_pod_monitor_labels_match_the_autoscaler_queries():
+    from flashserve.autoscaling import promql
+
+    assert (promql.NAMESPACE_LABEL, promql.SERVING_LABEL, promql.GROUP_LABEL) == ("namespace", "serving", "group")
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if not path:
+        pytest.skip("promtool not found (Debian package prometheus: `make deps`)")
+    return path
+
+
+def _rule_file(render, tmp_path, *args: str) -> Path:
+    spec = render(*COMBOS["monitoring"], *args).find("PrometheusRule")["spec"]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_prometheus_rules_are_valid(render, promtool, tmp_path):
+    path = _rule_file(render, tmp_path)
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = {r.get("alert") for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]} - {None}
+    assert {"FlashServePerUserSpeedBelowSLA", "FlashServeServingSLANotMet", "FlashServeOperatorDown"} <= names
+
+
+def _series(labels: str, values: str) -> dict:
+    return {"series": labels, "values": values}
+
+
+def _engine(serving: str, fast: bool) -> list[dict]:
+    """One minute = 1000 decode steps, 1810 output tokens, 10 first tokens: 1.8 tokens per step. A slow engine
+    has every inter-token latency in (25 ms, 50 ms] (p90 = 47.5 ms, 38 tok/s per user); a fast one <= 10 ms
+    (p90 = 9 ms, 200 tok/s)."""
+    sel = f'namespace="ns",serving="{serving}",group="0",engine="0"'
+    itl = "vllm:inter_token_latency_seconds"
+    buckets = {"0.01": "0+1000x40" if fast else "0+0x40", "0.025": "0+1000x40" if fast else "0+0x40",
+               "0.05": "0+1000x40", "+Inf": "0+1000x40"}  # fmt: skip
+    out = [_series(f'{itl}_bucket{{{sel},le="{le}"}}', v) for le, v in buckets.items()]
+    out += [
+        _series(f"{itl}_count{{{sel}}}", "0+1000x40"),
+        _series(f"vllm:generation_tokens_total{{{sel}}}", "0+1810x40"),
+        _series(f"vllm:time_to_first_token_seconds_count{{{sel}}}", "0+10x40"),
+        _series(f'vllm:time_to_first_token_seconds_bucket{{{sel},le="1"}}', "0+10x40"),
+        _series(f'vllm:time_to_first_token_seconds_bucket{{{sel},le="+Inf"}}', "0+10x40"),
+        _series(f"vllm:num_requests_running{{{sel}}}", "50x40"),
+        _series(f"vllm:num_requests_waiting{{{sel}}}", "0x40"),
+        _series(f"vllm:kv_cache_usage_perc{{{sel}}}", "0.5x40"),
+    ]
+    return out
+
+
+def test_sla_alerts_fire_on_slow_servings_only(render, promtool, tmp_path):
+    """promtool unit test: synthetic engine series for a slow and a fast serving, and operator series."""
+    path = _rule_file(render, tmp_path)
+    rules = yaml.safe_load(path.read_text())
+    for group in rules["groups"]:  # the alert texts are for people; this test checks expressions and labels
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    path.write_text(yaml.safe_dump(rules))
+    job = f'job="{OP}-metrics"'
+    op_series = [
+        _series(f'up{{{job},namespace="{NAMESPACE}",pod="{OP}-a"}}', "1x40"),
+        _series(f'up{{{job},namespace="{NAMESPACE}",pod="{OP}-b"}}', "0x40"),  # the standby serves no metrics
+        _series(f'flashserve_child_writes_total{{{job},namespace="{NAMESPACE}"}}', "0+5x40"),
+        _series(f'flashserve_sla_met{{{job},namespace="ns",serving="slow"}}', "0x40"),
+        _series(f'flashserve_sla_met{{{job},namespace="ns",serving="fast"}}', "1x40"),
+        _series(f'flashserve_autoscaler_decisions_total{{{job},namespace="ns",serving="slow",reason="AtMax"}}', "0+4x40"),
+        _series(f'flashserve_autoscaler_decisions_total{{{job},namespace="ns",serving="fast",reason="Steady"}}', "0+4x40"),
+    ]
+    alerts = lambda name, *servings, sev="warning": {  # noqa: E731
+        "eval_time": "25m", "alertname": name,
+        "exp_alerts": [{"exp_labels": {"severity": sev, "namespace": "ns", "serving": s}} for s in servings],
+    }  # fmt: skip
+    test = {
+        "rule_files": [str(path)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": _engine("slow", fast=False) + _engine("fast", fast=True) + op_series,
+                "alert_rule_test": [
+                    alerts("FlashServePerUserSpeedBelowSLA", "slow"),
+                    alerts("FlashServeServingSLANotMet", "slow", sev="critical"),
+                    alerts("FlashServeAutoscalerAtMaxReplicas", "slow"),
+                    alerts("FlashServeAutoscalerBlind"),
+                    alerts("FlashServeTimeToFirstTokenHigh"),
+                    alerts("FlashServeRequestsQueued"),
+                    alerts("FlashServeKVCacheNearlyFull"),
+                    {"eval_time": "25m", "alertname": "FlashServeOperatorDown", "exp_alerts": []},
+                    {"eval_time": "25m", "alertname": "FlashServeOperatorWriteStorm", "exp_alerts": []},
+                ],
+                "promql_expr_test": [
+                    {"expr": 'round(namespace_serving:vllm_per_user_tokens_per_second:p90{serving="slow"})', "eval_time": "25m",
+                     "exp_samples": [{"labels": '{namespace="ns",serving="slow"}', "value": 38}]},
+                    {"expr": 'round(namespace_serving:vllm_per_user_tokens_per_second:p90{serving="fast"})', "eval_time": "25m",
+                     "exp_samples": [{"labels": '{namespace="ns",serving="fast"}', "value": 200}]},
+                    {"expr": "sum by (namespace, serving) (namespace_serving:vllm_replica_groups:count)", "eval_time": "25m",
+                     "exp_samples": [{"labels": '{namespace="ns",serving="fast"}', "value": 1},
+                                     {"labels": '{namespace="ns",serving="slow"}', "value": 1}]},
+                ],
+            },
+            {  # no replica serves metrics: no leader
+                "interval": "1m",
+                "input_series": [_series(f'up{{{job},namespace="{NAMESPACE}",pod="{OP}-a"}}', "0x20")],
+                "alert_rule_test": [{"eval_time": "10m", "alertname": "FlashServeOperatorDown",
+                                     "exp_alerts": [{"exp_labels": {"severity": "critical"}}]}],
+            },
+        ],
+    }  # fmt: skip
+    test_path = tmp_path / "test.yaml"
+    test_path.write_text(yaml.safe_dump(test))
+    proc = subprocess.run([promtool, "test", "rules", str(test_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dashboard(render, promtool, tmp_path):
+    cm = render(*COMBOS["monitoring"], "--set", "monitoring.dashboard.gpuHourlyCost=2.5").find("ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["flashserve.json"])
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["gpu_hourly_cost"]["query"] == "2.5" and variables["sla"]["query"] == "100"
+    assert variables["quantile"]["current"]["value"] == "0.9"
+    assert "__" not in json.dumps(variables).replace("$__all", "")
+    titles = " ".join(p["title"] for p in dash["panels"])
+    for needle in ("Per-user decode speed", "SLA", "Replica groups", "Tokens per dollar"):
+        assert needle in titles
+    # Every panel query is valid PromQL once Grafana's variables are substituted.
+    subst = {"$__rate_interval": "1m", "$quantile": "0.9", "$sla": "100", "$gpu_hourly_cost": "2.5",
+             "$gpus_per_engine": "1", "$namespace": ".*", "$serving": ".*"}  # fmt: skip
+    rules = []
+    for p in dash["panels"]:
+        for i, t in enumerate(p.get("targets", [])):
+            expr = t["expr"]
+            for k, v in subst.items():
+                expr = expr.replace(k, v)
+            assert "$" not in expr, expr
+            rules.append({"record": f"panel_{p['id']}_{i}", "expr": expr})
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(rules) >= 10
+
+
+def test_dashboard_source_is_valid_json():
+    json.loads((CHART / "dashboards" / "flashserve.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------- packaging
+
+
+def test_chart_metadata_and_notes(helm):
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["appVersion"] == "0.1.0"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["watchNamespaces"] == [] and values["replicaCount"] == 2
+    assert values["image"]["repository"] == "ghcr.io/flashserve/flashserve-operator"
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert "kind: DeepSeekServing" in notes and "helm show crds" in notes
+
+
+def test_dockerfile_shape():
+    """The image cannot be built in this test suite (no container engine); check its shape instead."""
+    text = (ROOT / "Dockerfile").read_text()
+    froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
+    assert [name for _, name in froms] == ["builder", "runtime", "mock-engine", "operator"]
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", text, re.M).group(1)
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), "pin an exact slim tag"
+    final = text[text.index("AS runtime"):]
+    assert "USER 65532:65532" in final and "apt-get" not in final and "gcc" not in final
+    assert 'ENTRYPOINT ["flashserve", "run"]' in text.split("AS operator")[1]
+    assert 'ENTRYPOINT ["vllm"]' in text.split("AS mock-engine")[1].split("AS operator")[0]
+    assert "FLASHSERVE_MOCK_BIND_ANY=1" in text
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("*") + 1:][:3] == ["!pyproject.toml", "!README.md", "!operator/"]
