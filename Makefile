@@ -31,6 +31,7 @@ deps: toolchain
 
 crds: install
 	$(PY) -m flashserve.cli crd -o $(CRD)
+	cp $(CRD) charts/flashserve/crds/
 
 check-crds: install
 	$(PY) -m flashserve.cli crd | diff -u $(CRD) -

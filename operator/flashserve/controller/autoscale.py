@@ -86,7 +86,7 @@ class Autoscaler:
     def config(self, obj: DeepSeekServing) -> PolicyConfig:
         auto = obj.spec.autoscaling
         gpus = layout(obj.spec).gpus_per_replica
-        prior = PRIOR_USERS_PER_GPU_AT_100 * gpus * min(1.0, 100.0 / auto.sla.per_user_tokens_per_second)
+        prior = auto.initial_capacity or PRIOR_USERS_PER_GPU_AT_100 * gpus * min(1.0, 100.0 / auto.sla.per_user_tokens_per_second)
         return PolicyConfig.from_spec(auto, prior_capacity=prior)
 
     async def evaluate(

@@ -84,7 +84,14 @@ async def _run(args: argparse.Namespace) -> int:
     elector = None
     if args.leader_elect:
         elector = LeaseElector(api, args.lease_namespace, args.lease_name)
-        await elector.acquire()
+        # A standby is alive too: answer the liveness probe while waiting, or the kubelet would restart it
+        # forever. kopf serves the same endpoint once this replica leads.
+        standby = await _standby_liveness(args.liveness) if args.liveness else None
+        try:
+            await elector.acquire()
+        finally:
+            if standby is not None:
+                await standby.cleanup()
 
     controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url)
     try:
@@ -144,6 +151,20 @@ async def _run(args: argparse.Namespace) -> int:
     if operator.done() and operator.exception():
         raise operator.exception()  # type: ignore[misc]
     return 0
+
+
+async def _standby_liveness(url: str):
+    from urllib.parse import urlparse
+
+    from aiohttp import web
+
+    parsed = urlparse(url)
+    app = web.Application()
+    app.router.add_get(parsed.path or "/healthz", lambda _: web.json_response({"standby": True}))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, parsed.hostname or "127.0.0.1", parsed.port or 80).start()
+    return runner
 
 
 def main(argv: list[str]) -> int:

@@ -46,6 +46,7 @@ class ServeArgs:
     model: str
     served_model_names: list[str]
     host: str = "127.0.0.1"
+    host_given: bool = False  # --host on the command line (without it a container binds every interface)
     port: int = 8000
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -221,6 +222,7 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
 
     if "--host" in v:
         a.host = str(v["--host"])
+        a.host_given = True
     port = get_int("--port")
     if port is not None:
         if port > 65535:

@@ -241,8 +241,11 @@ def _usage(req: Request, completion: int | None = None) -> dict:
 async def serve(args: ServeArgs, settings: MockSettings, ready_file=None) -> None:
     """Run until cancelled."""
     mock = MockReplica(args, settings)
-    host = check_host(args.host, settings.bind_any)
-    if host != args.host:
+    # In a container (bind_any) without --host, listen on every interface like `vllm serve` does, so the
+    # kubelet's probes and the Service reach the pod IP; elsewhere loopback only.
+    requested = "0.0.0.0" if settings.bind_any and not args.host_given else args.host
+    host = check_host(requested, settings.bind_any)
+    if host != requested:
         print(f"WARNING mock engine: binding {host} instead of {args.host} (set {ENV_BIND_ANY}=1 in a container "
               "to listen on other addresses)", file=sys.stderr)
     for w in args.warnings:
