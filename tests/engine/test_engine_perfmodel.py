@@ -56,7 +56,13 @@ def test_speed_falls_and_throughput_rises_with_concurrency(default_curve):
     assert all(a < b for a, b in zip(thr, thr[1:])), thr
 
 
-@pytest.mark.parametrize("name", [n for n in profiles.available() if n != profiles.DEFAULT_PROFILE])
+def test_demo_profile_meets_the_sla_at_two_sequences_per_gpu():
+    prof = profiles.load("gb200-4gpu-demo")
+    assert simulate(prof, 1, duration_s=60, warmup_s=10).per_user_tokens_per_s == pytest.approx(120, rel=0.05)
+    assert simulate(prof, 2, duration_s=90, warmup_s=20).per_user_tokens_per_s == pytest.approx(100, rel=0.06)
+
+
+@pytest.mark.parametrize("name", [n for n in profiles.available() if n != profiles.DEFAULT_PROFILE and not n.endswith("-demo")])
 def test_other_profiles_match_their_calibration(name):
     prof = profiles.load(name)
     assert prof.gpus_per_replica >= 8 and prof.engines_per_replica == prof.gpus_per_replica
