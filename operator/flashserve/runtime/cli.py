@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-interval", type=float, default=1.0, help="wall seconds between /health probes")
     p.add_argument("--failure-threshold", type=int,
                    help="failed probes before a ready pod turns not ready (default: its readinessProbe's, else 3)")
+    p.add_argument("--restart-backoff", type=float, default=10.0,
+                   help="first restart delay of a dead engine in engine seconds, doubling to 300 (kubelet: 10)")
     p.add_argument("--file-sd", type=Path, help="Prometheus target file (default: in the local cluster's file_sd dir)")
     p.add_argument("--no-file-sd", action="store_true", help="write no Prometheus target file")
     p.add_argument("--log-dir", type=Path, help="engine logs (default: <cluster dir>/logs/engines)")
@@ -86,7 +88,8 @@ async def amain(args) -> int:
         launch=LaunchSettings(engine_bin=args.engine_bin or default_engine_bin(), time_scale=args.time_scale,
                               startup_seconds=args.startup_seconds, seed=args.seed,
                               loopback_shift=args.loopback_shift, profile=args.profile),
-        probe=ProbeSettings(interval=args.probe_interval, failure_threshold=args.failure_threshold),
+        probe=ProbeSettings(interval=args.probe_interval, failure_threshold=args.failure_threshold,
+                            backoff_base=args.restart_backoff),
         namespace=args.namespace, file_sd=file_sd, log_dir=log_dir, any_node=args.any_node,
         api_gone_seconds=args.exit_after_api_gone,
     )

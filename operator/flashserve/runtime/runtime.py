@@ -61,6 +61,7 @@ class Runtime:
         self.time_scale = settings.launch.time_scale
         self.log_dir = settings.log_dir
         self._targets_dirty = False
+        self._closed = False  # after shutdown the target file stays deleted
         self._last_api_ok = time.monotonic()
 
     # ------------------------------------------------------------------ hooks for PodEngine
@@ -85,13 +86,13 @@ class Runtime:
 
     # ------------------------------------------------------------------ Prometheus targets
     def _write_targets_soon(self) -> None:
-        if not self._targets_dirty:
+        if not self._targets_dirty and not self._closed:
             self._targets_dirty = True
             asyncio.get_running_loop().call_later(0.05, self._write_targets)
 
     def _write_targets(self) -> None:
         self._targets_dirty = False
-        if self.settings.file_sd is None:
+        if self.settings.file_sd is None or self._closed:
             return
         targets = [filesd.EngineTarget(e.launch.address, e.launch.port, e.namespace, e.name, e.serving, e.group,
                                        e.node)
@@ -214,9 +215,8 @@ class Runtime:
         self.engines.clear()
         await asyncio.gather(*(e.stop(report=True) for e in engines), *self.stopping.values(),
                              return_exceptions=True)
+        self._closed = True
         if self.settings.file_sd is not None:
-            self.router_target = None
-            self._write_targets()
             try:
                 self.settings.file_sd.unlink()
             except OSError:

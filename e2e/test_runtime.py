@@ -1,0 +1,287 @@
+"""The mock GPU runtime on the local cluster in external pod-readiness mode: engines start for a serving's pods,
+pods turn Ready only once their engines have loaded, Prometheus scrapes the engines, `flashserve load` makes
+tokens flow per pod, the official `openai` client streams through the router, and a killed engine takes its
+pod out of readiness until the runtime restarts it.
+
+One serving (two single-node GB200 replica groups) is shared by the tests of this module; the operator and the
+runtime run as separate processes, like in a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.support import OperatorProcess, free_port, wait_until
+from flashserve.localcluster import ensure_up
+
+pytestmark = pytest.mark.timeout(240)
+
+STARTUP = 8.0  # engine seconds to "load the weights"; the runtime runs engines in real time here
+SERVING = "flash"
+
+
+@pytest.fixture(scope="module")
+def external_cluster(cluster):
+    """The local cluster with serving pods left Not Ready for the runtime; the previous mode is put back after."""
+    info = cluster.require_pools()
+    if info.prometheus_url is None:
+        pytest.skip("the local cluster runs without Prometheus")
+    previous = info.pod_readiness
+    if previous != "external":
+        info = ensure_up(pod_readiness="external", quiet=True)
+    yield info
+    if previous != "external":
+        ensure_up(pod_readiness=previous, quiet=True)
+
+
+@dataclass
+class Stack:
+    namespace: str
+    router: str
+    prometheus: str
+    runtime: subprocess.Popen
+    runtime_log: Path
+    kubeconfig: Path
+    timeline: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.router}/{self.namespace}/{SERVING}/v1"
+
+    def engines(self) -> dict[str, dict]:
+        with urllib.request.urlopen(f"{self.router}/-/endpoints", timeout=5) as resp:
+            return {e["pod"]: e for e in json.load(resp)["engines"]}
+
+    def logs(self) -> str:
+        return self.runtime_log.read_text(errors="replace")[-6000:]
+
+
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def prom_query(prometheus: str, query: str) -> list[dict]:
+    url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.load(resp)["data"]["result"]
+
+
+def _ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def _watch_until_ready(core, stack: Stack, timeout: float) -> None:
+    """Record, per pod, when it was first seen Running, what its engine's /health said before the pod turned
+    Ready, and when it turned Ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = core.list_namespaced_pod(stack.namespace, label_selector="flashserve.io/serving").items
+        now = time.monotonic()
+        try:
+            engines = stack.engines()
+        except OSError:
+            engines = {}
+        for p in pods:
+            t = stack.timeline.setdefault(p.metadata.name, {"running": None, "ready": None, "health_before_ready": []})
+            if p.status.phase == "Running" and t["running"] is None:
+                t["running"] = now
+            if t["running"] is not None and t["ready"] is None:
+                if _ready(p):
+                    t["ready"] = now
+                elif p.metadata.name in engines:
+                    t["health_before_ready"].append((now - t["running"],
+                                                     _http_status(engines[p.metadata.name]["url"] + "/health")))
+        if len(pods) == 2 and all(t["ready"] for t in stack.timeline.values()):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"pods not Ready after {timeout}s: {stack.timeline}\n{stack.logs()}")
+
+
+@pytest.fixture(scope="module")
+def stack(external_cluster, kube, kubectl, crd_installed, tmp_path_factory):
+    from kubernetes import client
+
+    info = external_cluster
+    core = client.CoreV1Api(kube)
+    namespace = f"e2e-runtime-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": namespace, "labels": {"flashserve.io/e2e": "true"}}})
+    from flashserve.localcluster.kube import wait_default_service_account
+
+    wait_default_service_account(kube, namespace)
+    logs = tmp_path_factory.mktemp("runtime")
+    operator = OperatorProcess(info.kubeconfig, namespace, logs).start()
+    port = free_port()
+    runtime_log = logs / "runtime.log"
+    cmd = [sys.executable, "-m", "flashserve.cli", "mock-runtime", "--kubeconfig", str(info.kubeconfig),
+           "--cluster-dir", str(info.dir), "--namespace", namespace, "--time-scale", "1",
+           "--startup-seconds", str(STARTUP), "--router-port", str(port), "--probe-interval", "0.5",
+           "--restart-backoff", "2", "--loopback-shift", "100", "--log-dir", str(logs / "engines")]
+    with open(runtime_log, "ab") as out:
+        runtime = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    st = Stack(namespace, f"http://127.0.0.1:{port}", info.prometheus_url, runtime, runtime_log, info.kubeconfig)
+    try:
+        operator.wait_serving()
+        wait_until(lambda: _http_status(f"{st.router}/metrics") == 200 or runtime.poll() is not None, 30,
+                   what="the runtime's router")
+        assert runtime.poll() is None, st.logs()
+        cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+              "metadata": {"name": SERVING, "namespace": namespace},
+              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2}}
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        _watch_until_ready(core, st, timeout=60)
+        yield st
+    finally:
+        try:
+            pids = [e["pid"] for e in st.engines().values() if e["pid"]]
+        except OSError:
+            pids = []
+        runtime.send_signal(signal.SIGTERM)
+        try:
+            runtime.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(runtime.pid, signal.SIGKILL)
+            runtime.wait(timeout=10)
+        operator.stop()
+        core.delete_namespace(namespace, propagation_policy="Background")
+    # the runtime takes its engines and its Prometheus targets with it
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], f"engines left running: {pids}"
+    assert not (Path(info.file_sd_dir) / "flashserve-runtime.json").exists()
+
+
+def test_pods_become_ready_only_after_their_engines_have_loaded(stack):
+    assert len(stack.timeline) == 2
+    for pod, t in stack.timeline.items():
+        took = t["ready"] - t["running"]
+        # Ready never before the engine's load time (the test may see Running up to a poll late), and soon after
+        assert STARTUP - 1.0 <= took <= STARTUP + 8, (pod, took)
+        early = [code for at, code in t["health_before_ready"] if at < STARTUP - 2]
+        assert early and set(early) <= {0, 503}, (pod, t["health_before_ready"])  # loading, and the pod not Ready
+        assert 503 in early
+
+
+def test_pods_carry_the_engine_process_in_their_container_status(stack, kubectl):
+    engines = stack.engines()
+    pods = json.loads(kubectl("get", "-n", stack.namespace, "pods", "-o", "json").stdout)["items"]
+    for p in pods:
+        name = p["metadata"]["name"]
+        cs = p["status"]["containerStatuses"][0]
+        assert cs["ready"] is True and "running" in cs["state"]
+        assert cs["containerID"] == f"flashserve-mock://{engines[name]['pid']}"
+        ip = p["status"]["podIP"].split(".")
+        assert engines[name]["url"] == f"http://127.{(int(ip[1]) + 100) % 256}.{ip[2]}.{ip[3]}:8000"
+        assert engines[name]["profile"] == "gb200-4gpu"
+
+
+def test_prometheus_scrapes_every_engine(stack):
+    query = f'up{{namespace="{stack.namespace}",serving="{SERVING}"}}'
+
+    def both_up():
+        result = prom_query(stack.prometheus, query)
+        return len(result) == 2 and all(r["value"][1] == "1" for r in result) and result
+
+    result = wait_until(both_up, 30, interval=1, what=query)
+    assert {r["metric"]["pod"] for r in result} == set(stack.timeline)
+    assert {r["metric"]["group"] for r in result} == {"0", "1"}
+    router = prom_query(stack.prometheus, 'up{job="flashserve-router"}')
+    assert any(r["value"][1] == "1" for r in router)
+
+
+def test_openai_client_streams_a_chat_completion_through_the_router(stack):
+    import openai
+
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Write a haiku about GPUs."}], max_tokens=60,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    arrivals, text, usage = [], [], None
+    t0 = time.monotonic()
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic() - t0)
+            text.append(chunk.choices[0].delta.content)
+    assert usage is not None and usage.completion_tokens == 60
+    assert len("".join(text)) == 4 * 60  # the mock's 4-character tokens
+    # streamed as generated (~150 tok/s with MTP): chunks spread over ~0.4 s, not delivered at once
+    assert len(arrivals) > 10 and arrivals[-1] - arrivals[0] > 0.2
+
+
+def test_generation_rate_per_pod_under_flashserve_load(stack, tmp_path):
+    report = tmp_path / "load.json"
+    cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", stack.base_url, "--schedule",
+           "ramp 0 6 4s; hold 6 26s", "--prompt-scale", "0.2", "--gap-seconds", "1", "--sla", "100",
+           "--json", str(report), "--progress-interval", "10"]
+    load = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    query = f'sum by (pod) (rate(vllm:generation_tokens_total{{namespace="{stack.namespace}"}}[1m]))'
+    try:
+        def every_pod_generates():
+            result = prom_query(stack.prometheus, query)
+            rates = {r["metric"]["pod"]: float(r["value"][1]) for r in result}
+            return len(rates) == 2 and all(v > 0 for v in rates.values()) and rates
+
+        rates = wait_until(every_pod_generates, 40, interval=1, what=query)
+    finally:
+        out, _ = load.communicate(timeout=90)
+    assert load.returncode == 0, out
+    assert set(rates) == set(stack.timeline)
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["ok"] > 10 and not summary["errors"], out
+    assert set(summary["requests_by_endpoint"]) == set(stack.timeline)  # the router spread the sessions
+    assert summary["cached_fraction"] > 0.5  # resent conversations hit the prefix cache
+    assert 100 < summary["per_user_tokens_per_s"]["p50"] < 200, out  # ~150 tok/s per user at this light load
+
+
+def test_a_killed_engine_takes_its_pod_out_of_readiness_until_restarted(stack, kube):
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube)
+    pod = sorted(stack.timeline)[0]
+    pid = stack.engines()[pod]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+
+    def not_ready():
+        p = core.read_namespaced_pod(pod, stack.namespace)
+        return not _ready(p) and p
+
+    p = wait_until(not_ready, 10, interval=0.2, what=f"{pod} Ready=False")
+    assert time.monotonic() - t0 < 5
+    cs = p.status.container_statuses[0]
+    term = cs.state.terminated or (cs.last_state.terminated if cs.last_state else None)
+    assert term is not None and term.exit_code == 137 and term.container_id == f"flashserve-mock://{pid}"
+    with urllib.request.urlopen(f"{stack.router}/-/endpoints", timeout=5) as resp:
+        eps = {e["pod"]: e for s in json.load(resp)["servings"] for e in s["endpoints"]}
+    assert pod not in eps or eps[pod]["ready"] is False  # the router stops sending it requests
+
+    # restartPolicy Always: the runtime restarts it after the back-off, and it serves again once loaded
+    def ready_again():
+        p = core.read_namespaced_pod(pod, stack.namespace)
+        return _ready(p) and p
+
+    p = wait_until(ready_again, STARTUP + 25, interval=0.5, what=f"{pod} Ready again")
+    cs = p.status.container_statuses[0]
+    assert cs.restart_count == 1 and cs.last_state.terminated.exit_code == 137
+    assert stack.engines()[pod]["pid"] != pid
