@@ -1,0 +1,229 @@
+"""A Prometheus for the simulator: scrapes every engine pod at a fixed interval and answers the few PromQL
+functions the autoscalers use, with Prometheus's own semantics (rate extrapolation, le-bucket quantiles,
+staleness of vanished targets).
+
+Every policy reads the fleet only through this: readings are as old as the last scrape and rates are averages
+over their window, as they are for a real autoscaler.
+
+A pod's series carry its engine's raw values and a `weight`: the benchmark simulates one representative
+data-parallel rank per replica (docs/autoscaling-benchmark.md), and a pod's counters and gauges are the sum over
+its ranks, i.e. weight x the representative's. Quantiles and averages of ratios are unaffected.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass
+
+LOOKBACK_S = 300.0  # Prometheus's default lookback for instant vectors
+RETENTION_S = 900.0
+
+
+@dataclass(slots=True)
+class Sample:
+    t: float
+    running: float
+    waiting: float
+    kv: float
+    gen_tokens: float
+    itl_count: float
+    itl_sum: float
+    itl_buckets: tuple[float, ...]  # cumulative counts per finite bound (the +Inf bucket is itl_count)
+    ttft_count: float
+    ttft_sum: float
+    ttft_buckets: tuple[float, ...]
+    prompt_tokens: float
+    prompt_count: float
+    output_tokens_done: float
+    output_count: float
+    prefix_queries: float
+    prefix_hits: float
+
+
+class Series:
+    __slots__ = ("pod", "group", "weight", "samples", "ended")
+
+    def __init__(self, pod: str, group: int, weight: float) -> None:
+        self.pod = pod
+        self.group = group
+        self.weight = weight
+        self.samples: deque[Sample] = deque()
+        self.ended: float | None = None
+
+    def window(self, now: float, window_s: float) -> list[Sample]:
+        lo = now - window_s
+        return [s for s in self.samples if lo < s.t <= now]
+
+    def latest(self, now: float) -> Sample | None:
+        if self.ended is not None and self.ended <= now:
+            return None
+        for s in reversed(self.samples):
+            if s.t <= now:
+                return s if now - s.t <= LOOKBACK_S else None
+        return None
+
+
+class Prometheus:
+    def __init__(self, itl_bounds: tuple[float, ...], ttft_bounds: tuple[float, ...]) -> None:
+        self.itl_bounds = tuple(itl_bounds)
+        self.ttft_bounds = tuple(ttft_bounds)
+        self.series: dict[str, Series] = {}
+
+    # ------------------------------------------------------------------ ingest
+    def ingest(self, pod: str, group: int, weight: float, sample: Sample) -> None:
+        s = self.series.get(pod)
+        if s is None:
+            s = self.series[pod] = Series(pod, group, weight)
+        s.samples.append(sample)
+        while s.samples and s.samples[0].t < sample.t - RETENTION_S:
+            s.samples.popleft()
+
+    def target_gone(self, pod: str, now: float) -> None:
+        """A scrape target disappeared: Prometheus writes a staleness marker, the series ends now."""
+        s = self.series.get(pod)
+        if s is not None and s.ended is None:
+            s.ended = now
+
+    def forget_old(self, now: float) -> None:
+        for pod in [p for p, s in self.series.items() if s.ended is not None and s.ended < now - RETENTION_S]:
+            del self.series[pod]
+
+    def live(self, now: float) -> list[Series]:
+        return [s for s in self.series.values() if s.latest(now) is not None]
+
+    # ------------------------------------------------------------------ instant vectors
+    def sample_age(self, now: float) -> float | None:
+        """time() - max(timestamp(vllm:num_requests_running{...})); None without any series."""
+        newest = None
+        for s in self.series.values():
+            last = s.latest(now)
+            if last is not None and (newest is None or last.t > newest):
+                newest = last.t
+        return None if newest is None else now - newest
+
+    def gauge_by_pod(self, now: float, field: str, weighted: bool = True) -> dict[str, float]:
+        out = {}
+        for s in self.series.values():
+            last = s.latest(now)
+            if last is not None:
+                out[s.pod] = getattr(last, field) * (s.weight if weighted else 1.0)
+        return out
+
+    def gauge_sum(self, now: float, field: str) -> float | None:
+        values = self.gauge_by_pod(now, field)
+        return sum(values.values()) if values else None
+
+    def over_time_by_pod(self, now: float, window_s: float, field: str, how: str = "avg",
+                         weighted: bool = True) -> dict[str, float]:  # fmt: skip
+        """avg_over_time / max_over_time of a gauge, per pod."""
+        out = {}
+        for s in self.series.values():
+            if s.ended is not None and s.ended <= now - window_s:
+                continue
+            pts = [getattr(x, field) for x in s.window(now, window_s)]
+            if pts:
+                v = sum(pts) / len(pts) if how == "avg" else max(pts)
+                out[s.pod] = v * (s.weight if weighted else 1.0)
+        return out
+
+    # ------------------------------------------------------------------ range functions
+    def rate_by_pod(self, now: float, window_s: float, field: str) -> dict[str, float]:
+        out = {}
+        for s in self.series.values():
+            pts = s.window(now, window_s)
+            if len(pts) >= 2:
+                out[s.pod] = s.weight * extrapolated_rate(
+                    [(p.t, getattr(p, field)) for p in pts], now - window_s, now
+                )
+        return out
+
+    def rate_sum(self, now: float, window_s: float, field: str) -> float | None:
+        values = self.rate_by_pod(now, window_s, field)
+        return sum(values.values()) if values else None
+
+    def bucket_rates(self, now: float, window_s: float, field: str, count_field: str) -> list[float] | None:
+        """sum by (le) (rate(x_bucket[w])): cumulative rates per bound, +Inf last."""
+        total: list[float] | None = None
+        for s in self.series.values():
+            pts = s.window(now, window_s)
+            if len(pts) < 2:
+                continue
+            n = len(getattr(pts[0], field))
+            rates = []
+            for i in range(n):
+                rates.append(extrapolated_rate([(p.t, getattr(p, field)[i]) for p in pts], now - window_s, now))
+            rates.append(extrapolated_rate([(p.t, getattr(p, count_field)) for p in pts], now - window_s, now))
+            rates = [r * s.weight for r in rates]
+            total = rates if total is None else [a + b for a, b in zip(total, rates)]
+        return total
+
+    def histogram_quantile(self, q: float, now: float, window_s: float, which: str = "itl") -> float | None:
+        bounds = self.itl_bounds if which == "itl" else self.ttft_bounds
+        rates = self.bucket_rates(now, window_s, f"{which}_buckets", f"{which}_count")
+        if rates is None:
+            return None
+        return bucket_quantile(q, bounds, rates)
+
+
+def extrapolated_rate(points: list[tuple[float, float]], range_start: float, range_end: float) -> float:
+    """Prometheus's extrapolatedRate for a counter (promql/functions.go), per second."""
+    if len(points) < 2:
+        return math.nan
+    first_t, first_v = points[0]
+    last_t, _ = points[-1]
+    result = 0.0
+    prev = first_v
+    for _, v in points[1:]:
+        if v < prev:  # counter reset
+            result += prev
+        prev = v
+    result += points[-1][1] - first_v
+    sampled = last_t - first_t
+    if sampled <= 0:
+        return math.nan
+    avg_step = sampled / (len(points) - 1)
+    to_start = first_t - range_start
+    to_end = range_end - last_t
+    threshold = avg_step * 1.1
+    if to_start >= threshold:
+        to_start = avg_step / 2
+    if result > 0 and first_v >= 0:
+        to_zero = sampled * (first_v / result)
+        if to_zero < to_start:
+            to_start = to_zero
+    if to_end >= threshold:
+        to_end = avg_step / 2
+    factor = (sampled + to_start + to_end) / sampled
+    return result * factor / (range_end - range_start)
+
+
+def bucket_quantile(q: float, bounds: tuple[float, ...], cumulative: list[float]) -> float | None:
+    """histogram_quantile over cumulative bucket values (`bounds` finite, the last value is +Inf), with
+    Prometheus's linear interpolation inside the bucket."""
+    if not cumulative:
+        return None
+    total = cumulative[-1]
+    if not (total > 0) or math.isnan(total):
+        return None
+    if q <= 0:
+        return -math.inf
+    if q >= 1:
+        return math.inf
+    # enforce monotonicity as Prometheus does for floating-point noise
+    cum = list(cumulative)
+    for i in range(1, len(cum)):
+        if cum[i] < cum[i - 1]:
+            cum[i] = cum[i - 1]
+    rank = q * total
+    i = bisect.bisect_left(cum, rank)
+    if i >= len(bounds):
+        return bounds[-1]  # falls in +Inf: the highest finite bound
+    upper = bounds[i]
+    lower = bounds[i - 1] if i > 0 else 0.0
+    below = cum[i - 1] if i > 0 else 0.0
+    in_bucket = cum[i] - below
+    if in_bucket <= 0:
+        return upper
+    return lower + (upper - lower) * (rank - below) / in_bucket
