@@ -189,7 +189,7 @@ def test_pods_carry_the_engine_process_in_their_container_status(stack, kubectl)
         assert cs["ready"] is True and "running" in cs["state"]
         assert cs["containerID"] == f"flashserve-mock://{engines[name]['pid']}"
         ip = p["status"]["podIP"].split(".")
-        assert engines[name]["url"] == f"http://127.{(int(ip[1]) + 100) % 256}.{ip[2]}.{ip[3]}:8000"
+        assert engines[name]["url"] == f"http://127.{1 + (int(ip[1]) - 1 + 100) % 254}.{ip[2]}.{ip[3]}:8000"
         assert engines[name]["profile"] == "gb200-4gpu"
 
 

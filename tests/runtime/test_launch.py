@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from flashserve.render import render
-from flashserve.runtime.launch import (LaunchSettings, api_port, build_launch, choose_profile, duration_seconds,
-                                       group_nodes, loopback_address)
+from flashserve.runtime.launch import (LaunchSettings, api_port, build_launch, choose_profile, cluster_shift,
+                                       duration_seconds, group_nodes, loopback_address)
 from flashserve.vllm_args import START_RANK_SCRIPT
 
 from ..conftest import ROOT
@@ -43,12 +43,21 @@ def test_loopback_address_mirrors_the_pod_ip(ip, want):
 
 
 def test_loopback_address_falls_back_to_a_hash_and_never_leaves_loopback():
-    for ip in (None, "", "fd00::5", "10.0.0.1", "10.64.3.255", "127.0.0.1"):
+    for ip in (None, "", "fd00::5", "10.64.3.255", "127.0.0.1"):
         addr = loopback_address(ip, "demo/pod/uid")
         assert ipaddress.ip_address(addr).is_loopback
         assert addr.startswith("127.255.") and addr != "127.0.0.1"
     assert loopback_address(None, "a") == loopback_address(None, "a")
+
+
+def test_shifts_keep_the_second_octet_within_1_to_254_and_apart_per_cluster():
     assert loopback_address("10.64.3.7", "k", shift=64) == "127.128.3.7"
+    assert loopback_address("10.254.3.7", "k", shift=1) == "127.1.3.7"
+    assert loopback_address("10.0.0.1", "k") == "127.254.0.1"  # never 127.0.0.1
+    seconds = {loopback_address(f"10.{b}.0.1", "k", shift=s).split(".")[1] for b in (64, 200) for s in range(254)}
+    assert seconds <= {str(n) for n in range(1, 255)}
+    a, b = cluster_shift("https://127.0.0.1:32758"), cluster_shift("https://127.0.0.1:32764")
+    assert a != b and 0 <= a < 254
 
 
 def test_single_node_pod_runs_its_own_command_with_the_pod_address():

@@ -27,7 +27,7 @@ class LaunchSettings:
     time_scale: float = 1.0
     startup_seconds: float | None = None  # engine seconds; None lets the engine draw from its profile
     seed: int = 0
-    loopback_shift: int = 0  # added to the second octet, so two runtimes of two clusters do not collide
+    loopback_shift: int = 0  # moves the second octet, so two runtimes of two clusters do not collide
     profile: str | None = None  # one profile for every pod instead of choosing by GPU and group size
 
 
@@ -54,20 +54,24 @@ def engine_container(pod: dict) -> dict:
 
 
 def loopback_address(pod_ip: str | None, key: str, shift: int = 0) -> str:
-    """127.b.c.d for pod IP a.b.c.d (shifted), so each pod's engine owns an address as it owns its pod IP.
-    Addresses that would land in 127.0/16 (127.0.0.1 is everyone's) or that cannot be derived (no IPv4 pod IP)
-    are hashed from `key` into 127.255/16."""
+    """127.B.c.d for pod IP a.b.c.d, B = b shifted within 1..254, so each pod's engine owns an address as it owns
+    its pod IP, and two clusters on one machine (same pod CIDRs, different shifts) do not collide. Without an
+    IPv4 pod IP the address is hashed from `key` into 127.255/16."""
     try:
         ip = ipaddress.ip_address(pod_ip or "")
     except ValueError:
         ip = None
     if isinstance(ip, ipaddress.IPv4Address) and not ip.is_loopback:
         _, b, c, d = ip.packed
-        b = (b + shift) % 256
-        if b not in (0, 255) and d not in (0, 255):
-            return f"127.{b}.{c}.{d}"
+        if d not in (0, 255):
+            return f"127.{1 + (b - 1 + shift) % 254}.{c}.{d}"
     h = zlib.crc32(key.encode())
     return f"127.255.{(h >> 8) & 0xFF}.{1 + (h & 0xFF) % 254}"
+
+
+def cluster_shift(server: str) -> int:
+    """The default shift: fixed per API server, so runtimes of two local clusters use different addresses."""
+    return zlib.crc32(server.encode()) % 254
 
 
 def _flag_value(argv: list[str], *names: str) -> str | None:
