@@ -187,6 +187,7 @@ class Runtime:
                         rv = obj.get("metadata", {}).get("resourceVersion", rv)
                         if kind in ("ADDED", "MODIFIED", "DELETED"):
                             await self.on_pod(obj, deleted=kind == "DELETED")
+                    self._last_api_ok = time.monotonic()  # a quiet watch that ended normally is contact too
                     delay = 1.0
             except asyncio.CancelledError:
                 raise

@@ -1,0 +1,146 @@
+"""The runtime's loop against a stand-in API server: real mock engine processes, status patches, router
+endpoints and Prometheus targets, from a pod's start to its deletion, and an engine that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import signal
+
+import pytest
+
+from flashserve.router import Router
+from flashserve.runtime.engine import ProbeSettings
+from flashserve.runtime.launch import LaunchSettings, default_engine_bin
+from flashserve.runtime.runtime import Runtime, RuntimeSettings
+
+from .test_launch import node, pod_from_sample
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def merge(pod: dict, patch: dict) -> dict:
+    """A strategic merge of a status patch as the API server applies it: conditions by type, lists replaced."""
+    out = copy.deepcopy(pod)
+    st = out.setdefault("status", {})
+    for key, value in patch["status"].items():
+        if key == "conditions":
+            by_type = {c["type"]: c for c in st.get("conditions") or []}
+            for c in value:
+                merged = {**by_type.get(c["type"], {}), **c}
+                by_type[c["type"]] = {k: v for k, v in merged.items() if v is not None}
+            st["conditions"] = list(by_type.values())
+        else:
+            st[key] = value
+    out["metadata"]["resourceVersion"] = str(int(out["metadata"]["resourceVersion"]) + 1)
+    return out
+
+
+class FakeAPI:
+    def __init__(self, pod: dict, node_obj: dict) -> None:
+        self.pod = pod
+        self.node = node_obj
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.patches: list[dict] = []
+
+    async def get(self, path, params=None, timeout=30):
+        if path.startswith("/api/v1/nodes/"):
+            return self.node
+        return {"metadata": {"resourceVersion": "1"}, "items": [self.pod]}
+
+    async def watch(self, path, params, timeout_seconds=240):
+        while True:
+            event = await self.events.get()
+            yield event
+
+    async def patch_pod_status(self, namespace, name, body):
+        self.patches.append(body)
+        self.pod = merge(self.pod, body)
+        return self.pod
+
+
+def ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+
+async def until(check, timeout: float = 20.0):
+    for _ in range(int(timeout / 0.05)):
+        value = check()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_pod_lifecycle_with_a_real_engine(tmp_path):
+    pod = pod_from_sample("gb200-minimal.yaml", ip="10.99.250.7")
+    pod["metadata"]["resourceVersion"] = "1"
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    pod["status"]["containerStatuses"] = [{"name": "vllm", "image": "x", "ready": False, "restartCount": 0,
+                                           "state": {"running": {"startedAt": "T0"}}}]
+    api = FakeAPI(pod, node("NVIDIA-GB200"))
+    file_sd = tmp_path / "targets" / "flashserve-runtime.json"
+    settings = RuntimeSettings(
+        launch=LaunchSettings(engine_bin=default_engine_bin(), time_scale=10, startup_seconds=5, seed=1),
+        probe=ProbeSettings(interval=0.1, backoff_base=1.0), file_sd=file_sd, log_dir=tmp_path / "logs")
+
+    async def scenario():
+        router = Router()
+        runtime = Runtime(api, settings, router)
+        task = asyncio.ensure_future(runtime.run())
+        try:
+            engine = await until(lambda: next(iter(runtime.engines.values()), None))
+            assert engine.launch.address == "127.99.250.7"
+            await until(lambda: engine.pid)
+            # loading (5 engine-s at 10x): running, not ready, already a Prometheus target, not a router endpoint
+            await until(lambda: file_sd.exists())
+            targets = json.loads(file_sd.read_text())
+            assert targets[0]["targets"] == ["127.99.250.7:8000"] and targets[0]["labels"]["pod"] == pod["metadata"]["name"]
+            assert not ready(api.pod)
+            cs = api.pod["status"]["containerStatuses"][0]
+            assert cs["containerID"] == f"flashserve-mock://{engine.pid}" and cs["restartCount"] == 0
+            eps = router.servings[("demo", "flash")].endpoints
+            assert not eps[pod["metadata"]["name"]].ready
+            await until(lambda: ready(api.pod))
+            assert api.pod["status"]["containerStatuses"][0]["ready"] is True
+            assert eps[pod["metadata"]["name"]].ready
+
+            # the engine dies: not ready at once, terminated with 137, then restarted after the back-off
+            pid = engine.pid
+            os.kill(pid, signal.SIGKILL)
+            await until(lambda: not ready(api.pod), timeout=3)
+            term = api.pod["status"]["containerStatuses"][0]["state"]["terminated"]
+            assert term["exitCode"] == 137 and term["containerID"] == f"flashserve-mock://{pid}"
+            assert not eps[pod["metadata"]["name"]].ready
+            await until(lambda: ready(api.pod))
+            cs = api.pod["status"]["containerStatuses"][0]
+            assert cs["restartCount"] == 1 and cs["lastState"]["terminated"]["exitCode"] == 137
+            new_pid = engine.pid
+
+            # a steady ready pod costs no writes
+            writes = len(api.patches)
+            await asyncio.sleep(0.5)
+            assert len(api.patches) == writes
+
+            # the pod is deleted: the engine stops, leaves the router and the targets
+            await api.events.put({"type": "DELETED", "object": api.pod})
+            await until(lambda: not runtime.engines and _gone(new_pid))
+            await until(lambda: json.loads(file_sd.read_text()) == [])
+            assert pod["metadata"]["name"] not in eps
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert not file_sd.exists()
+
+    asyncio.run(scenario())
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie not yet reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
