@@ -5,13 +5,14 @@ PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 CRD := crds/flashserve.io_deepseekservings.yaml
 
-.PHONY: help install deps toolchain crds check-crds test unit e2e clean
+.PHONY: help install deps toolchain crds check-crds test unit e2e demo clean
 
 help:
 	@echo "make install     Python venv with flashserve and its test tools ($(VENV))"
 	@echo "make deps        system packages the local cluster needs (Prometheus) and the cluster toolchain"
 	@echo "make crds        regenerate $(CRD) from the typed API"
 	@echo "make test        unit tests, then e2e tests on the local cluster (brought up if needed)"
+	@echo "make demo        the main job: cluster, operator, mock engines, autoscaling under load -> out/demo/"
 	@echo "make unit | e2e  one half of the suite"
 	@echo "make cluster-up | cluster-down   the local control plane with KWOK Blackwell nodes and Prometheus"
 
@@ -43,6 +44,10 @@ e2e: install deps
 	$(PYTEST) e2e
 
 test: unit e2e
+
+# The main job: local cluster, operator, mock engines, an autoscaled serving under agentic load; chart + summary.
+demo: install deps
+	$(VENV)/bin/flashserve demo --out out/demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

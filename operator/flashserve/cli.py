@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mock-runtime": ("flashserve.runtime.cli:main", "run mock engines for pods on simulated nodes (local cluster)"),
     "load": ("flashserve.loadgen.cli:main", "drive agentic multi-turn load against an OpenAI endpoint"),
     "bench": ("flashserve.bench.cli:main", "benchmarks (autoscale)"),
+    "demo": ("flashserve.demo:main", "local cluster + operator + mock engines + autoscaling under agentic load"),
 }
 
 

@@ -302,6 +302,9 @@ class AutoscalingSpec(_Model):
     prometheus_url: str | None = Field(None, max_length=1024, pattern=r"^https?://[^\s]+$")
     """Prometheus that scrapes the engines; unset uses the operator's --prometheus-url."""
     evaluation_interval_seconds: int = Field(15, ge=1, le=3600)
+    metrics_window_seconds: int = Field(60, ge=10, le=1800)
+    """Rate window of the metric queries: at least four Prometheus scrape intervals. Shorter reacts sooner,
+    longer is steadier."""
     initial_capacity: float | None = Field(None, gt=0)
     """Concurrent users one replica serves at the SLA, as a starting estimate; the autoscaler learns the real
     figure online. Unset: 50 per GPU (DeepSeek-V4.1-Flash on Blackwell at 100 tok/s per user)."""

@@ -87,7 +87,7 @@ class Autoscaler:
         auto = obj.spec.autoscaling
         gpus = layout(obj.spec).gpus_per_replica
         prior = auto.initial_capacity or PRIOR_USERS_PER_GPU_AT_100 * gpus * min(1.0, 100.0 / auto.sla.per_user_tokens_per_second)
-        return PolicyConfig.from_spec(auto, prior_capacity=prior)
+        return PolicyConfig.from_spec(auto, prior_capacity=prior, metrics_window_s=float(auto.metrics_window_seconds))
 
     async def evaluate(
         self, body: dict, obj: DeepSeekServing, observed: Observed, kube: Kube, logger: logging.Logger
