@@ -55,7 +55,7 @@ def test_sessions_follow_the_schedule_and_hit_the_prefix_cache():
     assert max(turns.values()) >= 2  # multi-turn
     assert s["cached_fraction"] > 0.5  # later turns resend the conversation
     p50 = s["per_user_tokens_per_s"]["p50"]
-    assert 100 < p50 < 200, p50  # ~150 tok/s per user at low load, read in engine seconds
+    assert 90 < p50 < 220, p50  # ~150 tok/s per user at low load, read in engine seconds
     assert s["sla_attainment"] > 0.8
     ts = report.timeseries()
     assert len(ts) >= 19 and max(b["active_sessions"] for b in ts) == 4
