@@ -64,7 +64,8 @@ def test_secrets_and_config_maps_are_never_read():
 def test_resource_field_refs_round_up_by_divisor():
     container = {"resources": {"limits": {"memory": "256Gi", "cpu": "1500m"}, "requests": {"cpu": "500m"}},
                  "env": [
-                     {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Gi"}}},
+                     {"name": "MEM",
+                      "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Gi"}}},
                      {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
                      {"name": "REQ", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
                      {"name": "RMEM", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory"}}},

@@ -96,7 +96,8 @@ def test_pod_lifecycle_with_a_real_engine(tmp_path):
             await until(lambda: engine.pid)
             # loading (5 engine-s at 10x): running, not ready, already a Prometheus target, not a router endpoint
             targets = await until(lambda: file_sd.exists() and json.loads(file_sd.read_text()))
-            assert targets[0]["targets"] == ["127.99.250.7:8000"] and targets[0]["labels"]["pod"] == pod["metadata"]["name"]
+            assert targets[0]["targets"] == ["127.99.250.7:8000"]
+            assert targets[0]["labels"]["pod"] == pod["metadata"]["name"]
             assert not ready(api.pod)
             cs = api.pod["status"]["containerStatuses"][0]
             assert cs["containerID"] == f"flashserve-mock://{engine.pid}" and cs["restartCount"] == 0

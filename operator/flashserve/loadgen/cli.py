@@ -24,7 +24,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-requests", type=int, help="stop after sending this many requests")
     p.add_argument("--sla", type=float, help="per-user tok/s target for SLA attainment")
     p.add_argument("--time-scale", type=float, default=1.0,
-                   help="engine seconds per wall second of the engines under test (the mock's FLASHSERVE_MOCK_TIME_SCALE)")
+                   help="engine seconds per wall second of the engines under test "
+                        "(the mock's FLASHSERVE_MOCK_TIME_SCALE)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write the summary and the per-second time series as JSON")
     p.add_argument("--json-requests", action="store_true", help="with --json: include every request")
@@ -41,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--tool-tokens", type=float, help="median of each tool result")
     w.add_argument("--output-tokens", type=float, help="median answer length (long-tailed)")
     w.add_argument("--gap-seconds", type=float, help="median tool-call gap between turns (engine seconds)")
-    w.add_argument("--context-limit", type=int, nargs=2, metavar=("MIN", "MAX"), help="a session ends past this context")
+    w.add_argument("--context-limit", type=int, nargs=2, metavar=("MIN", "MAX"),
+                   help="a session ends past this context")
     w.add_argument("--max-turns", type=int, help="a session ends after this many turns")
     w.add_argument("--prompt-scale", type=float, help="multiply every prompt size and the context limits")
     t = p.add_argument_group("trace replay")

@@ -97,9 +97,10 @@ class _Run:
         def f(v, spec=".0f"):
             return "-" if v is None else format(v, spec)
 
+        out = sum(r.completion_tokens for r in ok) / span
         line = (f"[{now * self.scale:7.1f}s] sessions {active:>4}/{target:<4} in-flight {self.inflight:>4}  "
-                f"done {len(ok):>5} (+{len(window) - len(ok)} err)  out {sum(r.completion_tokens for r in ok) / span:7.0f}"
-                f" tok/s  user p50 {f(percentile(speeds, 50))} p10 {f(percentile(speeds, 10))} tok/s  "
+                f"done {len(ok):>5} (+{len(window) - len(ok)} err)  out {out:7.0f} tok/s  "
+                f"user p50 {f(percentile(speeds, 50))} p10 {f(percentile(speeds, 10))} tok/s  "
                 f"ttft p50 {f(percentile(ttfts, 50), '.3f')}s")
         if self.sla and ok:
             met = sum(r.completion_tokens for r in ok if (r.speed(self.scale) or 0) >= self.sla)
@@ -258,9 +259,9 @@ async def replay_trace(
         finally:
             sampler.cancel()
         wall = run.now()
-    config = {"mode": "mooncake", "base_url": base_url, "model": model, "trace": str(trace) if not isinstance(trace, list)
-              else f"{len(records)} records", "speedup": speedup, "time_scale": time_scale, "duration": duration,
-              "max_requests": max_requests, "seed": seed}
+    source = f"{len(records)} records" if isinstance(trace, list) else str(trace)
+    config = {"mode": "mooncake", "base_url": base_url, "model": model, "trace": source, "speedup": speedup,
+              "time_scale": time_scale, "duration": duration, "max_requests": max_requests, "seed": seed}
     return LoadReport(run.records, wall, time_scale, sla, config, run.samples)
 
 

@@ -43,8 +43,8 @@ class Workload:
                              max(1.0, d.maximum * factor))
 
         lo, hi = self.context_limit
-        return replace(self, system_tokens=int(self.system_tokens * factor), first_turn_tokens=ln(self.first_turn_tokens),
-                       tool_result_tokens=ln(self.tool_result_tokens),
+        return replace(self, system_tokens=int(self.system_tokens * factor),
+                       first_turn_tokens=ln(self.first_turn_tokens), tool_result_tokens=ln(self.tool_result_tokens),
                        context_limit=(max(1, int(lo * factor)), max(1, int(hi * factor))))
 
 

@@ -65,7 +65,8 @@ async def _round(base: str, streams: int, tokens: int) -> tuple[list[float], lis
         first = None
         async with http.post(f"{base}/chat/completions", json=body) as r:
             async for line in r.content:
-                if first is None and line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line:
+                content = line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line
+                if first is None and content:
                     first = time.monotonic() - t0
         return first or 0.0, time.monotonic() - t0
 

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 import tempfile
@@ -22,7 +21,8 @@ def parser() -> argparse.ArgumentParser:
                     "keep pod readiness honest, publish engines to Prometheus (file_sd) and, with --router-port, "
                     "serve one OpenAI endpoint per serving at http://127.0.0.1:PORT/NAMESPACE/SERVING/v1.")
     p.add_argument("--kubeconfig", help="default: the local cluster's, else KUBECONFIG or in-cluster")
-    p.add_argument("--cluster-dir", type=Path, help="the local cluster (default: FLASHSERVE_CLUSTER_DIR or its default)")
+    p.add_argument("--cluster-dir", type=Path,
+                   help="the local cluster (default: FLASHSERVE_CLUSTER_DIR or its default)")
     p.add_argument("-n", "--namespace", help="only pods of this namespace (default: all)")
     p.add_argument("--time-scale", type=float, default=1.0, help="engine seconds per wall second (default 1)")
     p.add_argument("--startup-seconds", type=float,

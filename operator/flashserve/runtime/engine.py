@@ -108,7 +108,8 @@ class PodEngine:
 
     def start(self, after: Awaitable | None = None) -> None:
         """Run the engine, once `after` (the stop of a previous pod of this name) is done."""
-        self._task = asyncio.get_running_loop().create_task(self._run(after), name=f"engine {self.namespace}/{self.name}")
+        name = f"engine {self.namespace}/{self.name}"
+        self._task = asyncio.get_running_loop().create_task(self._run(after), name=name)
 
     def update_pod(self, pod: dict) -> None:
         if _rv(pod) >= _rv(self.pod):

@@ -43,7 +43,7 @@ class KubeAPI:
         ctx: ssl.SSLContext | bool | None = None
         if cfg.host.startswith("https"):
             if cfg.verify_ssl:
-                ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+                ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
             else:
                 ctx = ssl.create_default_context()
                 ctx.check_hostname = False
