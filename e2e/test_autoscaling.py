@@ -1,0 +1,154 @@
+"""The SLA autoscaler closed-loop: real API server, real Prometheus, mock engines serving real requests.
+
+Runs on a local cluster of its own (engines make pods Ready, as the mock runtime does), with the demo-scale
+engine profile so a 2-core machine serves the load in real time. Times are short versions of production
+settings: 5 s evaluations, 30 s metric windows, 30 s scale-down delay, replicas loading in ~15 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.support import wait_until
+from flashserve.demo import Stack, Timeline, demo_serving
+
+EVAL_S = 5
+DOWN_DELAY_S = 30
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from flashserve.localcluster import ToolchainMissing, toolchain_bin
+
+    try:
+        toolchain_bin()
+    except ToolchainMissing as exc:
+        pytest.skip(f"needs the local cluster toolchain: {exc}")
+    root = Path.home() / ".cache" / "flashserve" / "e2e-autoscaling-cluster"
+    s = Stack(cluster_dir=root, namespace="autoscale", startup_seconds=15,
+              log_dir=tmp_path_factory.mktemp("autoscale-logs"))  # fmt: skip
+    s.start(log=lambda m: print(m, flush=True))
+    yield s
+    s.stop(down=True, log=lambda m: print(m, flush=True))
+
+
+def serving(name: str, **auto) -> dict:
+    return demo_serving(name, evaluationIntervalSeconds=EVAL_S, metricsWindowSeconds=30,
+                        scaleDown={"delaySeconds": DOWN_DELAY_S}, **auto)  # fmt: skip
+
+
+def _load_in_thread(stack: Stack, name: str, schedule: str) -> tuple[threading.Thread, dict]:
+    from flashserve.loadgen import Workload, run_load
+
+    box: dict = {}
+
+    def run() -> None:
+        box["t0"] = time.monotonic()
+        box["report"] = asyncio.run(run_load(stack.base_url(name), schedule=schedule, sla=100.0, seed=3,
+                                             workload=Workload.from_profile(stack.profile), drain_seconds=15))  # fmt: skip
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th, box
+
+
+def test_scale_up_on_breach_recovers_and_steps_down_after_the_delay(stack):
+    name = "auto"
+    stack.apply(serving(name, maxReplicas=6))
+    tl = Timeline(stack, name, every=1.0).start()
+    wait_until(lambda: (tl.last().get("ready") or 0) >= 1, 120, what="first replica ready")
+    # 4 sessions, then a step to 28 (about three replicas' worth), held, then a drop to 2.
+    th, box = _load_in_thread(stack, name, "hold 4 30s; step 28 150s; step 2 120s")
+    th.join(timeout=420)
+    tl.stop()
+    assert "report" in box, "load generator did not finish"
+    t_load = box["t0"] - tl.t0
+    rows = tl.rows
+    step_at, drop_at = t_load + 30, t_load + 180
+
+    # Scale-up decided within two evaluation intervals of the breach the operator saw.
+    breach = next(r["t"] for r in rows if r["t"] >= step_at and r["sla"] in ("Breached", "AtRisk"))
+    up = next(r["t"] for r in rows if r["t"] >= step_at and (r["desired"] or 0) > 1)
+    assert up - breach <= 2 * EVAL_S + 2, f"breach seen at {breach:.0f}s, scale-up at {up:.0f}s"
+    peak = max(r["desired"] for r in rows)
+    assert peak >= 2
+
+    # The SLA recovers once the new replicas are ready: requests finishing in the last minute of the hold.
+    series = box["report"].timeseries(5.0)
+    late = [b for b in series if 120 <= b["t"] < 175 and b["per_user_p50"] is not None]
+    assert late and sum(b["per_user_p50"] >= 90 for b in late) >= 0.8 * len(late), late
+
+    # No flapping under the steady hold: at most one change of direction.
+    hold = [r["desired"] for r in rows if step_at + 60 <= r["t"] < drop_at]
+    moves = [b - a for a, b in zip(hold, hold[1:]) if b != a]
+    changes = sum(1 for a, b in zip(moves, moves[1:]) if (a > 0) != (b > 0))
+    assert changes <= 1, f"desired replicas flapped during the steady hold: {hold}"
+
+    # After the drop, scale-down waits the configured delay, then steps down one group at a time.
+    after = [r for r in rows if r["t"] >= drop_at]
+    downs = [(b["t"], a["desired"], b["desired"]) for a, b in zip(after, after[1:]) if b["desired"] < a["desired"]]
+    assert downs, f"no scale-down within the window after the load dropped: {[r['desired'] for r in after]}"
+    assert downs[0][0] - drop_at >= DOWN_DELAY_S - 2, f"first step down {downs[0][0] - drop_at:.0f}s after the drop"
+    assert all(frm - to == 1 for _, frm, to in downs), downs
+
+
+def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(stack):
+    from flashserve.localcluster import ensure_up, prometheus
+
+    name = "holdme"
+    stack.apply(serving(name, minReplicas=2, maxReplicas=4))
+    tl = Timeline(stack, name, every=1.0).start()
+    try:
+        wait_until(lambda: (tl.last().get("ready") or 0) >= 2 and tl.last().get("metrics") == "True", 150,
+                   what="2 ready replicas with metrics")  # fmt: skip
+        prometheus.stop(stack.layout)
+        wait_until(lambda: tl.last().get("metrics") == "False", 90, what="MetricsAvailable=False")
+        held_since = time.monotonic()
+        while time.monotonic() - held_since < 20:
+            assert tl.last()["desired"] == 2, "replicas must be held while metrics are missing"
+            time.sleep(1)
+        ensure_up(layout=stack.layout, quiet=True)  # Prometheus back on its port
+        wait_until(lambda: tl.last().get("metrics") == "True", 120, what="MetricsAvailable=True again")
+    finally:
+        tl.stop()
+        stack.kubectl(["-n", stack.namespace, "delete", "dss", name, "--wait=false"])
+
+
+def test_pool_exhausted_sets_scaling_limited_without_runaway(stack):
+    # Take all but one GB200 node with a serving's objects applied directly in another namespace (neither the
+    # operator nor the mock runtime watch it, so its pods just hold their nodes).
+    import yaml
+
+    from flashserve.render import render
+
+    stack.kubectl(["create", "namespace", "filler"])
+    filler = render({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+                     "metadata": {"name": "filler", "namespace": "filler"},
+                     "spec": {"replicas": 35, "placement": {"accelerator": "GB200"}}})  # fmt: skip
+    stack.kubectl(["apply", "-f", "-"], input=yaml.safe_dump_all(filler))
+
+    def placed() -> int:
+        out = stack.kubectl(["-n", "filler", "get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}"])
+        return len(out.split())
+
+    wait_until(lambda: placed() >= 35, 120, what="filler pods placed")
+    name = "greedy"
+    # A tiny capacity estimate makes a little load look like many replicas' worth.
+    stack.apply(serving(name, maxReplicas=20, initialCapacity=0.5))
+    tl = Timeline(stack, name, every=1.0).start()
+    th, box = _load_in_thread(stack, name, "hold 6 90s")
+    try:
+        wait_until(lambda: tl.last().get("limited") == "True", 120, what="ScalingLimited=True")
+        asked = tl.last()["desired"]
+        time.sleep(30)
+        assert tl.last()["desired"] <= asked + 1, "kept adding replicas while pods could not be scheduled"
+        assert tl.last()["desired"] < 20
+    finally:
+        th.join(timeout=150)
+        tl.stop()
+        stack.kubectl(["delete", "namespace", "filler", "--wait=false"])
