@@ -254,7 +254,11 @@ class MockReplica:
         if n == 1 or self.settings.dp_routing != "prefix" or not keys:
             return best
         floor = best.load_score()
-        slack = max(4, floor // 4)
+        # How much busier than the least-loaded rank a cache hit may be: a sixteenth of the sequences a rank
+        # runs at the SLA (4 for the calibrated profiles), so affinity never costs a user the SLA.
+        cal = self.profile.calibration
+        at_sla = cal.throughput_per_gpu_at_sla / (cal.sla_tokens_per_s * (cal.prompt_per_output_token + 1))
+        slack = max(1, round(at_sla / 16), floor // 4)
         hits = [(e.cached_prefix_units(keys), -e.load_score(), e) for e in order if e.load_score() <= floor + slack]
         top = max(hits, key=lambda h: (h[0], h[1]))
         return top[2] if top[0] > 0 else best
