@@ -112,7 +112,15 @@ def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(stack):
         while time.monotonic() - held_since < 20:
             assert tl.last()["desired"] == 2, "replicas must be held while metrics are missing"
             time.sleep(1)
-        ensure_up(layout=stack.layout, quiet=True)  # Prometheus back on its port
+        for attempt in range(3):  # Prometheus back on its port (replaying its WAL can be slow on a busy machine)
+            try:
+                ensure_up(layout=stack.layout, quiet=True)
+                break
+            except prometheus.PrometheusError:
+                log = stack.layout.logs / "prometheus.log"
+                print(log.read_text(errors="replace")[-3000:] if log.exists() else "no prometheus log")
+                if attempt == 2:
+                    raise
         wait_until(lambda: tl.last().get("metrics") == "True", 120, what="MetricsAvailable=True again")
     finally:
         tl.stop()
