@@ -63,6 +63,20 @@ def test_results_are_scored_sensibly(runs):
         assert res.step_attainment is not None and 0.0 < res.step_attainment <= 1.0
 
 
+def test_all_ranks_mode_simulates_every_engine(tiny, profile, calib, runs):
+    w = Workload(tiny, 3, profile, calib, CACHE_UNIT_TOKENS, profile.max_model_len, all_ranks=True)
+    pol = build(PolicySpec("static"), calib, tiny.startup_median_s, 100.0)
+    sim = Simulation(w, pol, Settings(all_ranks=True))
+    res = sim.run()
+    assert all(len(g.ranks) == profile.engines_per_replica for g in sim.fleet.all if g.ranks)
+    rep = runs[1]["static"]
+    # four times the sessions on four times the engines: the same load per engine, the same service
+    assert res.requests == pytest.approx(profile.engines_per_replica * rep.requests, rel=0.15)
+    assert res.gpu_hours == rep.gpu_hours
+    assert res.attainment == pytest.approx(rep.attainment, abs=0.01)
+    assert res.speed_p50 == pytest.approx(rep.speed_p50, rel=0.03)
+
+
 def test_trace_replay(tiny, profile, calib):
     sc = replace(tiny, name="trace", trace=str(SAMPLE_TRACE), duration_s=150.0, warmup_s=20.0)
     w = _workload(sc, 1, profile, calib)

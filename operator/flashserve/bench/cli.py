@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"policy families (default all: {', '.join(FAMILIES)})")
     p.add_argument("--no-tuned", action="store_true", help="only the baselines' default settings")
     p.add_argument("--no-sweep", action="store_true", help="skip the knob sweeps")
-    p.add_argument("--sweep-scenarios", nargs="+", metavar="NAME", help="scenarios of the knob sweeps (default all)")
+    p.add_argument("--sweep-scenarios", nargs="+", metavar="NAME",
+                   help="scenarios of the knob sweeps, on the first seed (default: the first scenario)")
     p.add_argument("--startups", type=float, nargs="*", metavar="SECONDS",
                    help="median start-up times of the start-up sweep (default 30 120 1200 besides the profile's)")
     p.add_argument("--startup-policies", nargs="+", metavar="NAME", choices=FAMILIES,
@@ -73,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="engine profile (default gb200-4gpu)")
     p.add_argument("--sla", type=float, default=100.0, help="per-user tokens/s target (default 100)")
     p.add_argument("--gpu-hour-price", type=float, default=None, help="USD per GPU-hour (default 2.30, TCO)")
+    p.add_argument("--all-ranks", action="store_true",
+                   help="simulate every data-parallel rank of a replica, not one representative (4x slower)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -123,12 +126,13 @@ def autoscale(argv: list[str]) -> int:
         scenarios = [s.scaled(duration_s=args.minutes * 60.0) for s in scenarios]
     families = tuple(args.policies or FAMILIES)
     table = [s for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
-    settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD)
+    settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
+                        all_ranks=args.all_ranks)  # fmt: skip
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
                 timeline_scenario=scenarios[0].name, timeline_seed=seeds[0])  # fmt: skip
     if not args.quick and not args.no_sweep:
         plan.sweep = sweep_specs(families)
-        plan.sweep_scenarios = args.sweep_scenarios or [s.name for s in scenarios if not s.trace]
+        plan.sweep_scenarios = args.sweep_scenarios or [scenarios[0].name]
         plan.sweep_seeds = [seeds[0]]
         startups = [30.0, 120.0, 1200.0] if args.startups is None else args.startups
         if startups:

@@ -6,8 +6,9 @@ pull) and then Running but not ready (weight load, compile, CUDA graphs), serves
 stops taking requests, finishes those in flight (drains) and gives its GPUs back. Groups are removed highest
 index first (as the operator does), so a scale-down cancels groups still starting before it drains ready ones.
 
-One engine model instance stands for one data-parallel rank; the simulator runs one representative rank per
-group and weighs its metrics by the rank count (docs/autoscaling-benchmark.md explains why this is honest).
+One engine model instance is one data-parallel rank. By default the simulator runs one representative rank
+per group, with the group's share of sessions for one rank, and weighs its metrics by the rank count
+(docs/autoscaling-benchmark.md: what this keeps and what it loses); `all_ranks` simulates every rank.
 """
 
 from __future__ import annotations
@@ -33,9 +34,23 @@ def engine_config(profile: Profile, sla: float) -> EngineConfig:
     return cfg
 
 
+class Rank:
+    """One data-parallel engine of a group."""
+
+    __slots__ = ("group", "index", "engine", "version", "inflight", "key")
+
+    def __init__(self, group: Group, index: int, engine: Engine) -> None:
+        self.group = group
+        self.index = index
+        self.engine = engine
+        self.version = 0  # bumps whenever the engine's next event may have changed
+        self.inflight = 0
+        self.key = f"{group.pod}/{index}"
+
+
 class Group:
-    __slots__ = ("index", "serial", "pod", "ordered", "startup", "ready_at", "ended", "state", "engine",
-                 "sessions", "inflight", "version", "first_ready")  # fmt: skip
+    __slots__ = ("index", "serial", "pod", "ordered", "startup", "ready_at", "ended", "state", "ranks",
+                 "weight", "sessions", "inflight")  # fmt: skip
 
     def __init__(self, index: int, serial: int, ordered: float, startup: float) -> None:
         self.index = index
@@ -46,11 +61,10 @@ class Group:
         self.ready_at = ordered + startup
         self.ended: float | None = None  # GPUs released
         self.state = STARTING
-        self.engine: Engine | None = None
+        self.ranks: list[Rank] = []
+        self.weight = 1.0  # data-parallel ranks each simulated engine stands for
         self.sessions = 0  # sessions whose affinity is this group
         self.inflight = 0  # requests submitted and not finished
-        self.version = 0  # bumps whenever the engine's next event may have changed
-        self.first_ready = False
 
     def phase(self, now: float) -> str:
         """Pod phase as Kubernetes reports it while starting: Pending, then Running (not ready)."""
@@ -74,8 +88,11 @@ class FleetCounts:
 
 
 class Fleet:
-    def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None) -> None:
+    def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
+                 all_ranks: bool = False) -> None:  # fmt: skip
         self.profile = profile
+        self.n_ranks = profile.engines_per_replica if all_ranks else 1
+        self.rank_weight = profile.engines_per_replica / self.n_ranks
         self.cfg = engine_config(profile, sla)
         self.seed = seed
         self.active: list[Group] = []  # index order; len == spec.replicas
@@ -106,8 +123,11 @@ class Fleet:
     def make_ready(self, g: Group, now: float) -> None:
         g.state = READY
         g.ready_at = now
-        cfg = EngineConfig(**{**self.cfg.__dict__})
-        g.engine = Engine(self.profile, seed=self.seed * 1000 + g.serial, config=cfg)
+        g.weight = self.rank_weight
+        for i in range(self.n_ranks):
+            cfg = EngineConfig(**{**self.cfg.__dict__})
+            eng = Engine(self.profile, seed=(self.seed * 1000 + g.serial) * 16 + i, config=cfg)
+            g.ranks.append(Rank(g, i, eng))
         self.ready_list = [x for x in self.active if x.state == READY]
 
     def remove_last(self, now: float) -> Group:
@@ -144,7 +164,7 @@ class Fleet:
         return sum(g.gpu_seconds(gpus, start, end) for g in self.all) / 3600.0
 
     # ------------------------------------------------------------------ routing
-    def route_session(self, s) -> Group | None:
+    def route_session(self, s) -> Rank | None:
         """Session affinity with bounded load (consistent hashing with bounded loads): a session stays on its
         replica, where its prefix is cached, unless that replica is draining or carries more than
         AFFINITY_BOUND x the mean number of sessions; new and moved sessions go to the replica with the
@@ -153,37 +173,52 @@ class Fleet:
         if not ready:
             return None
         g = s.replica
-        if g is not None and g.state == READY:
-            mean = sum(x.sessions for x in ready) / len(ready)
-            if g.sessions <= AFFINITY_BOUND * mean + 1:
-                return g
-        target = min(ready, key=lambda x: (x.sessions, x.index))
-        if g is not None:
-            g.sessions -= 1
-        target.sessions += 1
-        s.replica = target
-        return target
+        if g is None or g.state != READY or g.sessions > AFFINITY_BOUND * sum(x.sessions for x in ready) / len(ready) + 1:
+            target = min(ready, key=lambda x: (x.sessions, x.index))
+            if g is not None:
+                g.sessions -= 1
+            target.sessions += 1
+            s.replica = g = target
+        return pick_rank(g.ranks, s.block_hashes())
 
     def end_session(self, s) -> None:
         if s.replica is not None:
             s.replica.sessions -= 1
             s.replica = None
 
-    def route_prefix(self, keys: list[int]) -> Group | None:
-        """For trace replay (no session ids): the replica with the longest cached prefix among those within
+    def route_prefix(self, keys: list[int]) -> Rank | None:
+        """For trace replay (no session ids): the engine with the longest cached prefix among those within
         a small margin of the least loaded, as prefix-aware routers (and vLLM's DP balancer) do."""
-        ready = self.ready_list
-        if not ready:
+        ranks = [r for g in self.ready_list for r in g.ranks]
+        if not ranks:
             return None
-        loads = [(g.inflight, g) for g in ready]
-        floor = min(x for x, _ in loads)
+        floor = min(r.inflight for r in ranks)
         slack = max(4, floor // 4)
         best, best_hit = None, 0
-        for load, g in loads:
-            if load <= floor + slack:
-                hit = g.engine.cached_prefix_units(keys)
-                if hit > best_hit or (hit == best_hit and best is not None and load < best.inflight):
-                    best, best_hit = g, hit
+        for r in ranks:
+            if r.inflight <= floor + slack:
+                hit = r.engine.cached_prefix_units(keys)
+                if hit > best_hit or (hit == best_hit and best is not None and r.inflight < best.inflight):
+                    best, best_hit = r, hit
         if best is None or best_hit == 0:
-            best = min(ready, key=lambda x: (x.inflight, x.index))
+            best = min(ranks, key=lambda r: (r.inflight, r.group.index, r.index))
         return best
+
+
+def pick_rank(ranks: list[Rank], keys: list[int]) -> Rank:
+    """Within a replica, per request: the rank holding the longest cached prefix among the lightly loaded ones,
+    else vLLM's data-parallel balancer (fewest 4 x waiting + running), as the mock engine routes."""
+    if len(ranks) == 1:
+        return ranks[0]
+    scores = [r.engine.load_score() for r in ranks]
+    floor = min(scores)
+    slack = max(4, floor // 4)
+    best, best_key = None, None
+    for r, sc in zip(ranks, scores):
+        if sc <= floor + slack:
+            key = (r.engine.cached_prefix_units(keys), -sc, -r.index)
+            if best_key is None or key > best_key:
+                best, best_key = r, key
+    if best is None or best_key[0] == 0:
+        return min(ranks, key=lambda r: (r.engine.load_score(), r.index))
+    return best

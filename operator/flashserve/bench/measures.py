@@ -60,6 +60,7 @@ class Result:
     replicas_mean: float
     replicas_max: int
     requests: int
+    """Simulated requests (with one representative rank per replica, a quarter of the fleet's)."""
     unfinished: int
     output_tokens: int
     sim_seconds: float
@@ -82,7 +83,9 @@ class Result:
         return d
 
 
-def summarize(rec: Recorder, sla: float, gpu_hours: float, price: float) -> dict:
+def summarize(rec: Recorder, sla: float, gpu_hours: float, price: float, weight: float = 1.0) -> dict:
+    """`weight`: real requests each simulated one stands for (the ranks a representative rank stands for);
+    it scales the tokens counted against the whole fleet's cost."""
     tokens = rec.tokens
     total = sum(tokens) + rec.missed_tokens
     good = sum(n for v, n in zip(rec.speeds, tokens) if v >= sla)
@@ -95,8 +98,8 @@ def summarize(rec: Recorder, sla: float, gpu_hours: float, price: float) -> dict
         "speed_p90": weighted_quantile(pairs, 0.10),
         "speed_p50": weighted_quantile(pairs, 0.50),
         "ttft_p90_s": quantile(rec.ttfts, 0.90),
-        "tokens_per_dollar": (rec.prompt_tokens + total) / cost if cost > 0 else 0.0,
-        "output_tokens_per_dollar": total / cost if cost > 0 else 0.0,
+        "tokens_per_dollar": weight * (rec.prompt_tokens + total) / cost if cost > 0 else 0.0,
+        "output_tokens_per_dollar": weight * total / cost if cost > 0 else 0.0,
         "requests": len(tokens) + rec.missed,
         "unfinished": rec.missed,
         "output_tokens": total,

@@ -37,7 +37,9 @@ def attainment_vs_gpu_hours(results: list[Result], path: Path) -> Path:
                 marker = "o" if label == fam else "s" if label.endswith("-tuned") else "."
                 ax.plot([x], [y * 100], marker, color=color, ms=7 if marker != "." else 6)
             ax.plot([], [], "-o", color=color, label=fam)
-        oracle = [r for r in results if r.scenario == sc and r.policy == "oracle" and r.kind == "table"]
+        sweep_seeds = {r.seed for r in results if r.scenario == sc and r.kind == "sweep"}
+        oracle = [r for r in results if r.scenario == sc and r.policy == "oracle" and r.kind == "table"
+                  and (not sweep_seeds or r.seed in sweep_seeds)]  # fmt: skip
         if oracle:
             ax.plot([1.0], [median([r.attainment for r in oracle]) * 100], "*", color="black", ms=12,
                     label="oracle (bound)")  # fmt: skip
@@ -48,7 +50,8 @@ def attainment_vs_gpu_hours(results: list[Result], path: Path) -> Path:
         ax.set_ylabel("token-weighted SLA attainment (%)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.suptitle("Attainment versus cost (o default, s tuned, . knob sweep; medians over seeds)", fontsize=10)
+    fig.suptitle("Attainment versus cost (o default, s tuned, . knob sweep; on the sweep's seed where there is "
+                 "a sweep, else medians over seeds)", fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -90,6 +93,10 @@ def startup_sweep(results: list[Result], path: Path) -> Path | None:
     runs = [r for r in results if r.kind == "startup"]
     if not runs:
         return None
+    swept = {r.policy for r in runs}
+    # the profile's own start-up time is the table's run of the same scenario and seed
+    runs += [r for r in results if r.kind == "table" and r.policy in swept and r.scenario == runs[0].scenario
+             and r.seed == runs[0].seed]  # fmt: skip
     plt = _plt()
     by: dict[str, list[Result]] = defaultdict(list)
     for r in runs:
@@ -104,8 +111,12 @@ def startup_sweep(results: list[Result], path: Path) -> Path | None:
         a2.plot(xs, [r.gpu_hours / r.oracle_gpu_hours for r in rs], style, marker="o", color=color, label=label)
     a1.set_ylabel("token-weighted SLA attainment (%)")
     a2.set_ylabel("GPU-hours / oracle")
+    ticks = sorted({(r.startup_median_s or 0) / 60.0 for r in runs})
     for a in (a1, a2):
         a.set_xscale("log")
+        a.set_xticks(ticks)
+        a.set_xticklabels([f"{t:g}" for t in ticks])
+        a.minorticks_off()
         a.set_xlabel("median replica start-up (minutes)")
         a.grid(alpha=0.3)
     a2.legend(fontsize=7)

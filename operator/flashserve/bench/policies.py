@@ -29,7 +29,7 @@ def snapshot(prom: Prometheus, now: float, window_s: float, percentile: float) -
     age = prom.sample_age(now)
     if age is None:
         return None, "no vLLM engine series for this serving in Prometheus"
-    kv = prom.gauge_by_pod(now, "kv", weighted=False)
+    kv = prom.gauge_by_series(now, "kv")
     values = {
         "sample_age": age,
         "running": prom.gauge_sum(now, "running"),
@@ -153,7 +153,7 @@ def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float) ->
         return dynamo.tuned(sla, startup_s) if var == "tuned" else dynamo.default(sla)
     if fam == "wva":
         if var == "sweep":
-            return wva.WVA(wva.Thresholds(kv_cache=round(kv_cap + 0.10 + share, 3)), name=spec.label)
+            return wva.WVA(wva.Thresholds(kv_cache=round(kv_cap + share, 3)), name=spec.label)
         return wva.tuned(kv_cap) if var == "tuned" else wva.default()
     if fam == "static":
         if var == "sweep":

@@ -5,9 +5,10 @@ staleness of vanished targets).
 Every policy reads the fleet only through this: readings are as old as the last scrape and rates are averages
 over their window, as they are for a real autoscaler.
 
-A pod's series carry its engine's raw values and a `weight`: the benchmark simulates one representative
-data-parallel rank per replica (docs/autoscaling-benchmark.md), and a pod's counters and gauges are the sum over
-its ranks, i.e. weight x the representative's. Quantiles and averages of ratios are unaffected.
+Each engine (data-parallel rank) is one series, labelled with its pod. By default the benchmark simulates one
+representative rank per replica (docs/autoscaling-benchmark.md) whose series carries a `weight` of the rank
+count: a pod's counters and gauges are the sum over its ranks, i.e. weight x the representative's. Quantiles
+and averages of ratios are unaffected.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ class Sample:
 
 
 class Series:
-    __slots__ = ("pod", "group", "weight", "samples", "ended")
+    __slots__ = ("key", "pod", "group", "weight", "samples", "ended")
 
-    def __init__(self, pod: str, group: int, weight: float) -> None:
+    def __init__(self, key: str, pod: str, group: int, weight: float) -> None:
+        self.key = key
         self.pod = pod
         self.group = group
         self.weight = weight
@@ -72,23 +74,23 @@ class Prometheus:
         self.series: dict[str, Series] = {}
 
     # ------------------------------------------------------------------ ingest
-    def ingest(self, pod: str, group: int, weight: float, sample: Sample) -> None:
-        s = self.series.get(pod)
+    def ingest(self, key: str, pod: str, group: int, weight: float, sample: Sample) -> None:
+        s = self.series.get(key)
         if s is None:
-            s = self.series[pod] = Series(pod, group, weight)
+            s = self.series[key] = Series(key, pod, group, weight)
         s.samples.append(sample)
         while s.samples and s.samples[0].t < sample.t - RETENTION_S:
             s.samples.popleft()
 
     def target_gone(self, pod: str, now: float) -> None:
-        """A scrape target disappeared: Prometheus writes a staleness marker, the series ends now."""
-        s = self.series.get(pod)
-        if s is not None and s.ended is None:
-            s.ended = now
+        """A scrape target (pod) disappeared: Prometheus writes staleness markers, its series end now."""
+        for s in self.series.values():
+            if s.pod == pod and s.ended is None:
+                s.ended = now
 
     def forget_old(self, now: float) -> None:
-        for pod in [p for p, s in self.series.items() if s.ended is not None and s.ended < now - RETENTION_S]:
-            del self.series[pod]
+        for key in [k for k, s in self.series.items() if s.ended is not None and s.ended < now - RETENTION_S]:
+            del self.series[key]
 
     def live(self, now: float) -> list[Series]:
         return [s for s in self.series.values() if s.latest(now) is not None]
@@ -103,12 +105,22 @@ class Prometheus:
                 newest = last.t
         return None if newest is None else now - newest
 
-    def gauge_by_pod(self, now: float, field: str, weighted: bool = True) -> dict[str, float]:
+    def gauge_by_pod(self, now: float, field: str) -> dict[str, float]:
+        """sum by (pod) (gauge): a pod's total over its engines."""
+        out: dict[str, float] = {}
+        for s in self.series.values():
+            last = s.latest(now)
+            if last is not None:
+                out[s.pod] = out.get(s.pod, 0.0) + getattr(last, field) * s.weight
+        return out
+
+    def gauge_by_series(self, now: float, field: str) -> dict[str, float]:
+        """The gauge per engine series (for ratios such as KV usage, averaged or maxed over engines)."""
         out = {}
         for s in self.series.values():
             last = s.latest(now)
             if last is not None:
-                out[s.pod] = getattr(last, field) * (s.weight if weighted else 1.0)
+                out[s.key] = getattr(last, field)
         return out
 
     def gauge_sum(self, now: float, field: str) -> float | None:
@@ -116,27 +128,31 @@ class Prometheus:
         return sum(values.values()) if values else None
 
     def over_time_by_pod(self, now: float, window_s: float, field: str, how: str = "avg",
-                         weighted: bool = True) -> dict[str, float]:  # fmt: skip
-        """avg_over_time / max_over_time of a gauge, per pod."""
-        out = {}
+                         combine: str = "sum") -> dict[str, float]:  # fmt: skip
+        """avg_over_time / max_over_time of a gauge per engine series, then combined per pod: `sum` (a pod's
+        total: the weight counts the ranks a representative stands for) or `max` (its worst engine)."""
+        out: dict[str, float] = {}
         for s in self.series.values():
             if s.ended is not None and s.ended <= now - window_s:
                 continue
             pts = [getattr(x, field) for x in s.window(now, window_s)]
-            if pts:
-                v = sum(pts) / len(pts) if how == "avg" else max(pts)
-                out[s.pod] = v * (s.weight if weighted else 1.0)
+            if not pts:
+                continue
+            v = sum(pts) / len(pts) if how == "avg" else max(pts)
+            if combine == "sum":
+                out[s.pod] = out.get(s.pod, 0.0) + v * s.weight
+            else:
+                out[s.pod] = max(out.get(s.pod, v), v)
         return out
 
     # ------------------------------------------------------------------ range functions
     def rate_by_pod(self, now: float, window_s: float, field: str) -> dict[str, float]:
-        out = {}
+        out: dict[str, float] = {}
         for s in self.series.values():
             pts = s.window(now, window_s)
             if len(pts) >= 2:
-                out[s.pod] = s.weight * extrapolated_rate(
-                    [(p.t, getattr(p, field)) for p in pts], now - window_s, now
-                )
+                r = s.weight * extrapolated_rate([(p.t, getattr(p, field)) for p in pts], now - window_s, now)
+                out[s.pod] = out.get(s.pod, 0.0) + r
         return out
 
     def rate_sum(self, now: float, window_s: float, field: str) -> float | None:

@@ -131,11 +131,14 @@ def write_json(recs: list[dict], path: str | Path) -> None:
 
 def curves(results: list[Result], scenario: str) -> dict[str, list[tuple[float, float, str]]]:
     """Per policy family: (GPU-hours / oracle, attainment, label) of every setting run on `scenario`,
-    medians over the seeds each was run with, sorted by cost."""
+    medians over the seeds, sorted by cost."""
     groups: dict[str, list[Result]] = defaultdict(list)
+    # where the knobs were swept (on a subset of seeds), compare every setting on those same seeds
+    sweep_seeds = {r.seed for r in results if r.scenario == scenario and r.kind == "sweep"}
     for r in results:
         if r.scenario == scenario and r.kind in ("table", "sweep") and r.policy != "oracle":
-            groups[r.policy].append(r)
+            if not sweep_seeds or r.seed in sweep_seeds:
+                groups[r.policy].append(r)
     fam_points: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for label, runs in groups.items():
         fam = label.split("@")[0].removesuffix("-tuned")

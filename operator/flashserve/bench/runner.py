@@ -77,19 +77,19 @@ def _init(profile: Profile, calib: Calibration) -> None:
     _STATE["workloads"] = {}
 
 
-def _workload(sc: Scenario, seed: int) -> Workload:
+def _workload(sc: Scenario, seed: int, all_ranks: bool) -> Workload:
     cache = _STATE["workloads"]
-    key = (sc, seed)
+    key = (sc, seed, all_ranks)
     w = cache.get(key)
     if w is None:
         cache.clear()  # tasks come grouped by (scenario, seed): keep one
         prof = _STATE["profile"]
-        w = cache[key] = Workload(sc, seed, prof, _STATE["calib"], CACHE_UNIT_TOKENS, prof.max_model_len)
+        w = cache[key] = Workload(sc, seed, prof, _STATE["calib"], CACHE_UNIT_TOKENS, prof.max_model_len, all_ranks)
     return w
 
 
 def run_task(task: Task) -> Result:
-    w = _workload(task.scenario, task.seed)
+    w = _workload(task.scenario, task.seed, task.settings.all_ranks)
     calib = _STATE["calib"]
     prof = _STATE["profile"]
     st = task.settings

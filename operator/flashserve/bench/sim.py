@@ -20,7 +20,7 @@ from itertools import accumulate
 
 from flashserve.bench.calibrate import Calibration
 from flashserve.bench.context import Context, Policy
-from flashserve.bench.fleet import DRAINING, READY, STARTING, Fleet, Group
+from flashserve.bench.fleet import DRAINING, STARTING, Fleet, Rank
 from flashserve.bench.measures import GPU_HOUR_PRICE_USD, Recorder, Result, oracle_gpu_hours, summarize
 from flashserve.bench.prom import Prometheus, Sample
 from flashserve.bench.workloads import (
@@ -51,6 +51,8 @@ class Settings:
     max_replicas: int | None = None
     """GPU budget in replicas; None: twice the oracle's peak plus two."""
     timeline: bool = False
+    all_ranks: bool = False
+    """Simulate every data-parallel rank of a replica instead of one representative (4x the work)."""
 
 
 class Workload:
@@ -58,8 +60,11 @@ class Workload:
     each request served at the nominal SLA operating point."""
 
     def __init__(self, scenario: Scenario, seed: int, profile: Profile, calib: Calibration,
-                 unit: int, max_model_len: int) -> None:  # fmt: skip
+                 unit: int, max_model_len: int, all_ranks: bool = False) -> None:  # fmt: skip
         self.scenario = scenario
+        self.all_ranks = all_ranks
+        # the traffic of the simulated engines: one representative rank per replica, or every rank
+        ranks = profile.engines_per_replica if all_ranks else 1
         self.seed = seed
         self.profile = profile
         self.calib = calib
@@ -72,7 +77,7 @@ class Workload:
         if scenario.trace:
             reqs = read_mooncake(scenario.trace)
             groups = trace_groups(reqs)
-            keep_p = 1.0 / profile.engines_per_replica
+            keep_p = ranks / profile.engines_per_replica
             salt = seed * 2654435761
             # one representative rank per replica: keep a conversation with probability 1/ranks, whole
             kept = [r for r, g in zip(reqs, groups) if random.Random(salt ^ g).random() < keep_p]
@@ -84,7 +89,7 @@ class Workload:
                    for r in self.trace]  # fmt: skip
         else:
             per_session = session_load(profile, unit, nominal)
-            self.rate = scenario.base_replicas * calib.capacity_per_rank / per_session
+            self.rate = scenario.base_replicas * calib.capacity_per_rank * ranks / per_session
             self.starts = session_starts(scenario, self.rate, seed)
             occ = []
             for sid, t in enumerate(self.starts, 1):
@@ -98,7 +103,7 @@ class Workload:
         self.occ_starts = [a for a, _ in occ]
         self.occ_ends = [b for _, b in occ]
         self.oracle_gpu_hours, self.oracle_steps = oracle_gpu_hours(
-            self.occ_starts, self.occ_ends, calib.capacity_per_rank, profile.gpus_per_replica, 0.0,
+            self.occ_starts, self.occ_ends, calib.capacity_per_rank * ranks, profile.gpus_per_replica, 0.0,
             scenario.duration_s,
         )
 
@@ -119,10 +124,9 @@ class Simulation:
         self.s = settings
         self.profile = workload.profile
         self.calib = workload.calib
-        self.R = self.profile.engines_per_replica
         startup = settings.startup_median_s if settings.startup_median_s is not None else self.sc.startup_median_s
-        self.startup_median_s = startup
-        self.fleet = Fleet(self.profile, settings.sla_tokens_per_s, workload.seed, startup)
+        self.startup_median_s = startup if startup is not None else self.profile.startup.median
+        self.fleet = Fleet(self.profile, settings.sla_tokens_per_s, workload.seed, startup, settings.all_ranks)
         itl_bounds = self.fleet.cfg.buckets["inter_token_latency"]
         self.prom = Prometheus(tuple(itl_bounds), tuple(DEFAULT_TTFT_BUCKETS))
         self.heap: list = []
@@ -147,21 +151,28 @@ class Simulation:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
 
-    def wake(self, g: Group) -> None:
-        g.version += 1
-        nt = g.engine.next_event_time()
+    def wake(self, r: Rank) -> None:
+        r.version += 1
+        nt = r.engine.next_event_time()
         if nt is not None:
-            self.push(nt, _ENGINE, g, g.version)
+            self.push(nt, _ENGINE, r, r.version)
 
-    def submit(self, g: Group, now: float, prompt: int, output: int, user, keys: list[int], cover: bool) -> None:
-        g.engine.add_request(None, prompt, output, now, block_hashes=keys, hashes_cover_output=cover,
+    def submit(self, r: Rank, now: float, prompt: int, output: int, user, keys: list[int], cover: bool,
+               arrival: float | None = None) -> None:  # fmt: skip
+        r.engine.add_request(None, prompt, output, now, block_hashes=keys, hashes_cover_output=cover,
                              hashes_chained=True, user=user)  # fmt: skip
-        g.inflight += 1
-        self.collect(g, g.engine.advance(now), now)
-        self.wake(g)
+        if arrival is not None:
+            # it waited in the router since `arrival` (no replica was ready): that counts against its TTFT
+            r.engine.waiting[-1].arrival = arrival
+        r.inflight += 1
+        r.group.inflight += 1
+        self.collect(r, r.engine.advance(now), now)
+        self.wake(r)
 
-    def collect(self, g: Group, finished, now: float) -> None:
+    def collect(self, r: Rank, finished, now: float) -> None:
+        g = r.group
         for req in finished:
+            r.inflight -= 1
             g.inflight -= 1
             if req.arrival >= self.off:
                 ttft = req.first_token - req.arrival if req.first_token is not None else None
@@ -184,55 +195,48 @@ class Simulation:
         if turn is None:
             self.fleet.end_session(s)
             return
-        g = self.fleet.route_session(s)
-        if g is None:
+        r = self.fleet.route_session(s)
+        if r is None:
             self.router_queue.append((now, s, turn))
             return
         s.inflight = True
-        self.submit(g, now, turn[0], turn[1], s, s.block_hashes(), True)
+        self.submit(r, now, turn[0], turn[1], s, s.block_hashes(), True)
 
-    def on_trace(self, i: int, now: float) -> None:
-        r = self.w.trace[i]
+    def on_trace(self, i: int, now: float, arrival: float | None = None) -> None:
+        req = self.w.trace[i]
         keys = self.w.trace_keys[i]
-        g = self.fleet.route_prefix(keys)
-        if g is None:
-            self.router_queue.append((now, i, None))
+        r = self.fleet.route_prefix(keys)
+        if r is None:
+            self.router_queue.append((now if arrival is None else arrival, i, None))
             return
-        out = max(1, min(r.output_length, self.fleet.cfg.max_model_len - r.input_length))
-        self.submit(g, now, max(1, r.input_length), out, i, keys, False)
+        out = max(1, min(req.output_length, self.fleet.cfg.max_model_len - req.input_length))
+        self.submit(r, now, max(1, req.input_length), out, i, keys, False, arrival)
 
     def flush_router(self, now: float) -> None:
         queued, self.router_queue = self.router_queue, []
         for t0, who, turn in queued:
             if isinstance(who, Session):
-                g = self.fleet.route_session(who)
-                if g is None:
+                r = self.fleet.route_session(who)
+                if r is None:
                     self.router_queue.append((t0, who, turn))
                     continue
                 who.inflight = True
-                # the request has been waiting since t0 in the router: that counts against its TTFT
-                g.engine.add_request(None, turn[0], turn[1], now, block_hashes=who.block_hashes(),
-                                     hashes_cover_output=True, hashes_chained=True, user=who)  # fmt: skip
-                g.engine.waiting[-1].arrival = t0
-                g.inflight += 1
-                self.collect(g, g.engine.advance(now), now)
-                self.wake(g)
+                self.submit(r, now, turn[0], turn[1], who, who.block_hashes(), True, t0)
             else:
-                self.on_trace(who, now)
+                self.on_trace(who, now, t0)
 
     def on_scrape(self, now: float) -> None:
-        R = self.R
         running = waiting = 0
-        for g in self.fleet.serving():
-            eng = g.engine
-            self.collect(g, eng.advance(now), now)
-            self.wake(g)
+        for r in self.ranks():
+            g, eng = r.group, r.engine
+            self.collect(r, eng.advance(now), now)
+            self.wake(r)
             st = eng.stats
             snap = eng.snapshot()
-            running += snap.running
-            waiting += snap.waiting
+            running += snap.running * g.weight
+            waiting += snap.waiting * g.weight
             itl, ttft = st.itl, st.ttft
-            self.prom.ingest(g.pod, g.index, R, Sample(
+            self.prom.ingest(r.key, g.pod, g.index, g.weight, Sample(
                 t=now, running=snap.running, waiting=snap.waiting, kv=snap.kv_usage,
                 gen_tokens=eng.generation_tokens(), itl_count=itl.n, itl_sum=itl.total,
                 itl_buckets=tuple(accumulate(itl.counts[:-1])), ttft_count=ttft.n, ttft_sum=ttft.total,
@@ -243,14 +247,14 @@ class Simulation:
             ))  # fmt: skip
         self.prom.forget_old(now)
         if self.step_base is None and now >= self.off:
-            self.step_base = {g.serial: self.step_counts(g) for g in self.fleet.serving()}
+            self.step_base = {r.key: self.step_counts(r) for r in self.ranks()}
         if self.s.timeline:
             c = self.fleet.counts(now)
             tl = self.timeline
             tl["t"].append(now - self.off)
             tl["desired"].append(c.desired)
             tl["ready"].append(c.ready)
-            tl["demand"].append((running + waiting) / self.calib.capacity_per_rank)
+            tl["demand"].append((running + waiting) / self.calib.capacity_per_replica)
             tl["oracle"].append(self.w.oracle_need(now - self.off))
 
     def on_eval(self, now: float) -> None:
@@ -274,7 +278,7 @@ class Simulation:
                 self.push(g.ready_at, _READY, g)
         while len(self.fleet.active) > n:
             g = self.fleet.remove_last(now)
-            if g.ended is not None and g.engine is not None:
+            if g.ended is not None and g.ranks:
                 self.prom.target_gone(g.pod, now)
 
     # ------------------------------------------------------------------ run
@@ -327,7 +331,7 @@ class Simulation:
             if now > hard_end:
                 break
             if kind == _ENGINE:
-                if a.version == b and a.engine is not None:
+                if a.version == b:
                     self.collect(a, a.engine.advance(now), now)
                     self.wake(a)
             elif kind == _TURN:
@@ -353,17 +357,16 @@ class Simulation:
                         self.on_eval(now)
                         self.push(now + self.policy.interval_s, _EVAL)
         # stragglers: whatever never finished counts as missed
-        for g in self.fleet.all:
-            if g.engine is None:
-                continue
-            for req in list(g.engine.running) + list(g.engine.waiting):
+        for r in (r for g in self.fleet.all for r in g.ranks):
+            for req in list(r.engine.running) + list(r.engine.waiting):
                 if req.arrival >= self.off and not req.finished:
                     self.rec.unfinished(req.prompt_len, req.output_len)
         for t0_, who, turn in self.router_queue:
             if t0_ >= self.off and turn is not None:
                 self.rec.unfinished(turn[0], turn[1])
         gpu_hours = self.fleet.gpu_hours(self.off, self.end)
-        summary = summarize(self.rec, self.s.sla_tokens_per_s, gpu_hours, self.s.gpu_hour_price)
+        summary = summarize(self.rec, self.s.sla_tokens_per_s, gpu_hours, self.s.gpu_hour_price,
+                            self.fleet.rank_weight)  # fmt: skip
         reps = self.replica_series()
         return Result(
             policy=self.policy.name,
@@ -383,18 +386,19 @@ class Simulation:
             **summary,
         )
 
-    def step_counts(self, g: Group) -> tuple[float, float]:
-        counts = g.engine.stats.itl.counts
+    def ranks(self) -> list[Rank]:
+        return [r for g in self.fleet.serving() for r in g.ranks]
+
+    def step_counts(self, r: Rank) -> tuple[float, float]:
+        counts = r.engine.stats.itl.counts
         return float(sum(counts[: self.step_bound + 1])), float(sum(counts))
 
     def step_attainment(self) -> float | None:
         base = self.step_base or {}
         ok = total = 0.0
-        for g in self.fleet.all:
-            if g.engine is None:
-                continue
-            le, n = self.step_counts(g)
-            b = base.get(g.serial, (0.0, 0.0))
+        for r in (r for g in self.fleet.all for r in g.ranks):
+            le, n = self.step_counts(r)
+            b = base.get(r.key, (0.0, 0.0))
             ok += le - b[0]
             total += n - b[1]
         return ok / total if total > 0 else None
@@ -451,6 +455,7 @@ def run_oracle(workload: Workload, settings: Settings, lookahead_s: float = 60.0
     res = sim.run()
     res.gpu_hours = workload.oracle_gpu_hours
     cost = res.gpu_hours * settings.gpu_hour_price
-    res.tokens_per_dollar = (sim.rec.prompt_tokens + res.output_tokens) / cost if cost else 0.0
-    res.output_tokens_per_dollar = res.output_tokens / cost if cost else 0.0
+    w = sim.fleet.rank_weight
+    res.tokens_per_dollar = w * (sim.rec.prompt_tokens + res.output_tokens) / cost if cost else 0.0
+    res.output_tokens_per_dollar = w * res.output_tokens / cost if cost else 0.0
     return res

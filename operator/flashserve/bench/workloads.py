@@ -93,29 +93,29 @@ SCENARIOS: dict[str, Scenario] = {
             name="agentic-bursty",
             description="steady agentic coding traffic with a slow +-15% wander and CI fan-outs: about four "
             "bursts an hour, each starting 1.5 minutes' worth of sessions within a minute",
-            duration_s=90 * MIN,
+            duration_s=75 * MIN,
             base_replicas=2.4,
             drift=0.15,
-            drift_period_s=80 * MIN,
+            drift_period_s=60 * MIN,
             bursts_per_hour=4.0,
             burst_minutes=1.5,
             burst_spread_s=60.0,
         ),
         Scenario(
             name="diurnal",
-            description="a workday compressed into 2 hours: night level, a morning ramp to 2.6x over 45 "
-            "minutes, a plateau, an evening decline to half the peak (ramps 3-4x steeper than a real day)",
-            duration_s=120 * MIN,
+            description="a workday compressed into 100 minutes: night level, a morning ramp to 2.6x over 35 "
+            "minutes, a plateau, an evening decline to half the peak (ramps ~5x steeper than a real day)",
+            duration_s=100 * MIN,
             base_replicas=1.4,
-            knots=((0, 1.0), (20 * MIN, 1.0), (65 * MIN, 2.6), (90 * MIN, 2.6), (120 * MIN, 1.3)),
+            knots=((0, 1.0), (15 * MIN, 1.0), (50 * MIN, 2.6), (70 * MIN, 2.6), (100 * MIN, 1.3)),
         ),
         Scenario(
             name="flash-crowd",
             description="steady traffic, then a flash crowd: the session rate jumps 2.5x within two minutes "
-            "at 20 min, holds for 30 minutes and decays over the next 15",
-            duration_s=90 * MIN,
+            "at 15 min, holds for 25 minutes and decays over the next 15",
+            duration_s=75 * MIN,
             base_replicas=1.6,
-            knots=((0, 1.0), (20 * MIN, 1.0), (22 * MIN, 2.5), (52 * MIN, 2.5), (58 * MIN, 1.6), (67 * MIN, 1.0)),
+            knots=((0, 1.0), (15 * MIN, 1.0), (17 * MIN, 2.5), (42 * MIN, 2.5), (48 * MIN, 1.6), (57 * MIN, 1.0)),
         ),
     )
 }

@@ -78,10 +78,9 @@ def default(capacity_per_replica: float) -> APA:
 
 
 def tuned(capacity_per_replica: float, startup_s: float) -> APA:
-    """Target 15% under the SLA concurrency, a 30 s window (react faster, the guard prevents double orders)
-    and a scale-down cooldown of one start-up time."""
-    return APA(0.85 * capacity_per_replica, window_s=30.0, down_cooldown_s=max(300.0, startup_s),
-               name="aibrix-apa-tuned")  # fmt: skip
+    """Target 70% of the SLA concurrency (the best of the target sweep on flash-crowd seed 0)."""
+    return APA(0.7 * capacity_per_replica, name="aibrix-apa-tuned")
 
 
-SWEEP = (0.7, 0.85, 1.0, 1.15)
+SWEEP = (0.55, 0.85, 1.15)
+"""Target as a share of the SLA concurrency per replica."""

@@ -26,7 +26,7 @@ class KPA(Policy):
 
     def __init__(self, target: float, utilization: float = 0.7, stable_window_s: float = 60.0,
                  panic_window_pct: float = 10.0, panic_threshold: float = 2.0, max_up_rate: float = 1000.0,
-                 max_down_rate: float = 2.0, name: str = "kpa") -> None:  # fmt: skip
+                 max_down_rate: float = 2.0, scale_down_delay_s: float = 0.0, name: str = "kpa") -> None:  # fmt: skip
         self.target = target
         self.utilization = utilization
         self.stable_window_s = stable_window_s
@@ -34,6 +34,8 @@ class KPA(Policy):
         self.panic_threshold = panic_threshold
         self.max_up_rate = max_up_rate
         self.max_down_rate = max_down_rate
+        self.scale_down_delay_s = scale_down_delay_s
+        self.history: list[tuple[float, int]] = []
         self.panic_time: float | None = None
         self.max_panic_pods = 0
         self.name = name
@@ -52,7 +54,15 @@ class KPA(Policy):
         panic = self.observed(ctx, self.panic_window_s)
         if stable is None or panic is None:
             return None  # "no data": Knative skips the decision
-        return self.scale(ctx.now, max(1, ctx.counts.ready), stable, panic)
+        want = self.scale(ctx.now, max(1, ctx.counts.ready), stable, panic)
+        return self.delay_scale_down(ctx.now, want)
+
+    def delay_scale_down(self, now: float, want: int) -> int:
+        """scale-down-delay: the highest decision of the delay window (Knative's max-over-window)."""
+        if self.scale_down_delay_s <= 0:
+            return want
+        self.history = [(t, w) for t, w in self.history if t > now - self.scale_down_delay_s] + [(now, want)]
+        return max(w for _, w in self.history)
 
     def scale(self, now: float, ready: int, stable: float, panic: float) -> int:
         """The decider's arithmetic (Autoscaler.Scale), separate so the tests can pin it."""
@@ -82,10 +92,10 @@ def default(capacity_per_replica: float) -> KPA:
 
 
 def tuned(capacity_per_replica: float, startup_s: float) -> KPA:
-    """Utilization 1.0 (the target already is the SLA concurrency) and a stable window of 5 minutes, so that
-    a replica that takes minutes to start is not released after one quiet minute."""
-    return KPA(capacity_per_replica, utilization=1.0, stable_window_s=300.0, name="kpa-tuned")
+    """Knative's own knob for slow-starting revisions: scale-down-delay of one start-up time, so that a
+    replica is not released between two bursts only to be ordered again."""
+    return KPA(capacity_per_replica, scale_down_delay_s=startup_s, name="kpa-tuned")
 
 
-SWEEP = (0.7, 0.85, 1.0, 1.15)
+SWEEP = (0.55, 0.85, 1.0, 1.15)
 """target x utilization as a share of the SLA concurrency per replica."""

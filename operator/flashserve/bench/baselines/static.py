@@ -30,6 +30,8 @@ def default() -> StaticPeak:
 
 
 class StaticBelowPeak(StaticPeak):
+    knob = "replicas_under_peak"
+
     def fixed_replicas(self, workload) -> int:
         return max(1, workload.peak_need() - 1)
 
@@ -39,4 +41,5 @@ def tuned() -> StaticPeak:
     return StaticBelowPeak(name="static-tuned")
 
 
-SWEEP = (0.7, 0.85, 1.0, 1.15)
+SWEEP = (0.7, 0.85, 1.15)
+"""Replicas as a share of the run's peak need."""
