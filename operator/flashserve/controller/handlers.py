@@ -101,6 +101,7 @@ async def serving_event(
     key = (namespace, serving_label_value(name))
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         _bodies.pop(key, None)
+        memo.controller.forget(namespace, name)
         if memo.controller.autoscaler is not None:
             memo.controller.autoscaler.forget(namespace, name)
         task = _workers.pop(key, None)

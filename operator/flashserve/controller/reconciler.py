@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
+import json
 import logging
+import time
 from dataclasses import dataclass, field
 
 import kopf
@@ -27,7 +30,13 @@ from flashserve.controller.status import (
     merge_conditions,
     transitions,
 )
+from flashserve.naming import GROUP_LABEL
 from flashserve.render import endpoint, selector_string
+
+# Watch events for our own writes arrive after a moment (seconds on a busy API server). Within this window an
+# identical write is not repeated just because the mirror of the cluster has not caught up; a real outside
+# change is still restored once the window has passed (well within one resync).
+RECENT_WRITE_S = 10.0
 
 
 log = logging.getLogger(__name__)
@@ -55,6 +64,42 @@ class Controller:
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
+        self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
+        self._status: dict[tuple[str, str], dict] = {}  # the status this operator last wrote, per serving
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A serving is gone: a new one of the same name starts from its own (empty) status."""
+        self._status.pop((namespace, name), None)
+
+    def _fresh(self, key: tuple[str, str, str], what: str, now: float) -> bool:
+        prev = self._recent.get(key)
+        return prev is not None and prev[0] == what and now - prev[1] < RECENT_WRITE_S
+
+    def _skip_repeats(self, namespace: str, p: Plan) -> None:
+        """Drop writes identical to ones made moments ago (the watch has not shown them yet)."""
+        now = time.monotonic()
+        keep = []
+        for o in p.apply:
+            key = (o["kind"], namespace, o["metadata"]["name"])
+            what = hashlib.sha256(json.dumps(o, sort_keys=True).encode()).hexdigest()
+            if not self._fresh(key, what, now):
+                keep.append(o)
+                self._recent[key] = (what, now)
+        p.apply = keep
+        applied_groups = {o["metadata"]["labels"].get(GROUP_LABEL) for o in keep if o["kind"] == "StatefulSet"}
+        p.created_groups = [g for g in p.created_groups if str(g) in applied_groups]
+        p.rolling = [g for g in p.rolling if str(g) in applied_groups]
+        p.restored = [r for r in p.restored if any(f"{o['kind']}/{o['metadata']['name']}" == r for o in keep)]
+        pods = [n for n in p.delete_pods if not self._fresh(("Pod", namespace, n), "delete", now)]
+        for n in pods:
+            self._recent[("Pod", namespace, n)] = ("delete", now)
+        p.delete_pods = pods
+        deletes = [(k, n) for k, n in p.delete if not self._fresh((k, namespace, n), "delete", now)]
+        for k, n in deletes:
+            self._recent[(k, namespace, n)] = ("delete", now)
+        p.delete = deletes
+        if len(self._recent) > 10000:  # forget old entries so memory stays flat
+            self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
     def next_evaluation_in(self, body: dict) -> float:
         if self.autoscaler is None:
@@ -63,8 +108,11 @@ class Controller:
 
     async def reconcile(self, body: dict, observed: Observed, logger: logging.Logger) -> None:
         self.stats.reconciles += 1
-        meta, status = body["metadata"], body.get("status") or {}
+        meta = body["metadata"]
         name, namespace = meta["name"], meta["namespace"]
+        # This operator is the only writer of status: what it last wrote is newer than a body whose watch event
+        # has not arrived yet, so conditions keep their transition times and an unchanged status is not rewritten.
+        status = self._status.get((namespace, name)) or body.get("status") or {}
         generation = meta.get("generation")
         try:
             spec = parse_spec(body.get("spec"))
@@ -83,6 +131,7 @@ class Controller:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
         p = plan(obj, observed)
+        self._skip_repeats(namespace, p)
         if p.writes:
             log.info("%s/%s: apply %s; patch %s; delete %s; delete pods %s", namespace, name,
                      [f"{o['kind']}/{o['metadata']['name']}" for o in p.apply], p.patch_replicas, p.delete,
@@ -137,6 +186,7 @@ class Controller:
         changed = sorted(k for k in new if old.get(k) != new[k])
         log.info("%s/%s: status %s", meta["namespace"], meta["name"], changed)
         await asyncio.to_thread(self.kube.patch_status, meta["namespace"], meta["name"], new)
+        self._status[(meta["namespace"], meta["name"])] = merged
         self.stats.status_writes += 1
         for kind, reason, message in transitions(old.get("conditions"), new.get("conditions", [])):
             kopf.event(body, type=kind, reason=reason, message=message)
