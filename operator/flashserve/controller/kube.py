@@ -66,7 +66,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post, _request_timeout=30)
+        resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post, _request_timeout=15)
         data = resp.read()
         if resp.status >= 400:
             raise ApiException(status=resp.status, reason=resp.reason, body=data)
