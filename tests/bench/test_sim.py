@@ -90,8 +90,13 @@ def test_trace_replay(tiny, profile, calib):
 def test_cli_quick_json_schema(tmp_path):
     out = tmp_path / "r.json"
     rc = cli.main(["autoscale", "--quick", "--minutes", "3", "--policies", "flashserve", "hpa", "--no-tuned",
-                   "--json", str(out), "--csv", str(tmp_path / "r.csv"), "--quiet", "--no-plots"])  # fmt: skip
+                   "--json", str(out), "--csv", str(tmp_path / "r.csv"), "--quiet", "--no-plots",
+                   "--decision-log", str(tmp_path / "log")])  # fmt: skip
     assert rc == 0
+    (log,) = (tmp_path / "log").iterdir()
+    first = json.loads(log.read_text().splitlines()[0])
+    assert log.name.startswith("quick-flash-seed1-flashserve") and first["t"] >= 0
+    assert {"reason", "desired", "readings"} <= first.keys()
     recs = json.loads(out.read_text())
     assert [r["policy"] for r in recs] == ["oracle", "flashserve", "hpa"]
     for r in recs:

@@ -76,10 +76,13 @@ class Result:
     """Share of decode steps (per request) whose inter-token latency met tokens-per-step / SLA: the
     token-level view the policy's ITL quantile reads, stricter than per-request speed."""
     timeline: dict | None = field(default=None, repr=False)
+    decisions: list | None = field(default=None, repr=False)
+    """FlashServe's decisions with their readings, when asked for (--decision-log)."""
 
     def row(self) -> dict:
         d = asdict(self)
         d.pop("timeline", None)
+        d.pop("decisions", None)
         return d
 
 

@@ -90,8 +90,8 @@ class FlashServe(Policy):
         counts = ReplicaCounts(desired=ctx.current, ready=ctx.counts.ready, starting=ctx.counts.starting)
         d = decide(PolicyInputs(ctx.now, snap, counts, cfg, err), self.state)
         self.state = d.state
-        if d.apply:
-            self.decisions.append((ctx.now, d.current, d.desired, d.reason))
+        self.decisions.append({"t": round(ctx.now, 3), "reason": d.reason, "current": d.current,
+                               "desired": d.desired, "sla_state": d.sla_state, "readings": d.readings})  # fmt: skip
         return d.desired if d.apply else None
 
 

@@ -51,6 +51,8 @@ class Settings:
     max_replicas: int | None = None
     """GPU budget in replicas; None: twice the oracle's peak plus two."""
     timeline: bool = False
+    decisions: bool = False
+    """Keep the policy's decision log (FlashServe's: reasons and readings) in the result."""
     all_ranks: bool = False
     """Simulate every data-parallel rank of a replica instead of one representative (4x the work)."""
 
@@ -383,8 +385,16 @@ class Simulation:
             startup_median_s=self.startup_median_s,
             step_attainment=self.step_attainment(),
             timeline=self.timeline if self.s.timeline else None,
+            decisions=self._decisions() if self.s.decisions else None,
             **summary,
         )
+
+    def _decisions(self) -> list | None:
+        log = getattr(self.policy, "decisions", None)
+        if log is None:
+            return None
+        # scenario time (the warm-up is before 0)
+        return [{**d, "t": round(d["t"] - self.off, 3)} for d in log]
 
     def ranks(self) -> list[Rank]:
         return [r for g in self.fleet.serving() for r in g.ranks]
