@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,8 +28,8 @@ def stack(tmp_path_factory):
         toolchain_bin()
     except ToolchainMissing as exc:
         pytest.skip(f"needs the local cluster toolchain: {exc}")
-    root = Path.home() / ".cache" / "flashserve" / "e2e-autoscaling-cluster"
-    s = Stack(cluster_dir=root, namespace="autoscale", startup_seconds=15,
+    # Its own directory each run: nothing another run (or a crashed one) left behind can interfere.
+    s = Stack(cluster_dir=tmp_path_factory.mktemp("autoscaling") / "cluster", namespace="autoscale", startup_seconds=15,
               log_dir=tmp_path_factory.mktemp("autoscale-logs"))  # fmt: skip
     s.start(log=lambda m: print(m, flush=True))
     yield s

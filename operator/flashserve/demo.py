@@ -70,11 +70,21 @@ class Stack:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def start(self, log=print) -> "Stack":
-        from kubernetes import client, config
-
-        from flashserve.localcluster import Layout, ensure_up
+        from flashserve.localcluster import Layout
 
         self.layout = Layout(self.cluster_dir) if self.cluster_dir else Layout()
+        try:
+            return self._start(log)
+        except BaseException:
+            # A half-started stack would outlive the caller (its processes run in their own sessions).
+            self.stop(down=True, log=log)
+            raise
+
+    def _start(self, log) -> "Stack":
+        from kubernetes import client, config
+
+        from flashserve.localcluster import ensure_up
+
         log("[demo] local cluster: control plane, KWOK Blackwell node pools, Prometheus (first run builds nothing "
             "here; `make deps` built the toolchain)")  # fmt: skip
         self.info = ensure_up(layout=self.layout, pod_readiness="external", prometheus_port=0)

@@ -13,6 +13,8 @@ from . import procs
 from .paths import Layout
 
 SCRAPE_INTERVAL = "5s"
+# Loopback only: never through a proxy that http_proxy in the environment may name.
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class PrometheusError(RuntimeError):
@@ -61,7 +63,7 @@ def running_port(layout: Layout) -> int | None:
 
 def ready(port: int, timeout: float = 2.0) -> bool:
     try:
-        with urllib.request.urlopen(url(port) + "/-/ready", timeout=timeout) as resp:
+        with _LOCAL.open(url(port) + "/-/ready", timeout=timeout) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -83,10 +85,26 @@ def ensure(layout: Layout, binary: Path, port: int, log=print) -> str:
     if port not in (0, current) and procs.port_in_use(port):
         raise _port_taken(port)
     stop(layout)
-    if port == 0:
-        port = procs.free_port()
-    elif procs.port_in_use(port):
-        raise _port_taken(port)
+    # A port picked free can be taken again before Prometheus binds it: then try another.
+    attempts = 3 if port == 0 else 1
+    problem = ""
+    for attempt in range(attempts):
+        chosen = procs.free_port() if port == 0 else port
+        if port != 0 and procs.port_in_use(chosen):
+            raise _port_taken(chosen)
+        problem = _start(layout, binary, chosen)
+        if not problem:
+            log(f"prometheus: started at {url(chosen)}")
+            return url(chosen)
+        stop(layout)
+        if attempt + 1 < attempts:
+            log(f"prometheus: {problem} on port {chosen}; trying another port")
+    log_file = layout.logs / "prometheus.log"
+    raise PrometheusError(f"prometheus {problem}; see {log_file}, which ends:\n{_log_tail(log_file)}")
+
+
+def _start(layout: Layout, binary: Path, port: int) -> str:
+    """Start Prometheus on `port` and wait until it answers: "" when ready, else what went wrong."""
     _write_config(layout, port)
     args = [
         str(binary),
@@ -100,12 +118,19 @@ def ensure(layout: Layout, binary: Path, port: int, log=print) -> str:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if ready(port):
-            log(f"prometheus: started at {url(port)}")
-            return url(port)
+            return ""
         if running_port(layout) is None:
-            break
+            return "exited during start-up"
         time.sleep(0.3)
-    raise PrometheusError(f"prometheus did not become ready; see {layout.logs / 'prometheus.log'}")
+    return f"did not answer {url(port)}/-/ready within 60 s"
+
+
+def _log_tail(log_file: Path, lines: int = 15) -> str:
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _port_taken(port: int) -> PrometheusError:
@@ -126,7 +151,7 @@ def _write_config(layout: Layout, port: int) -> bool:
 
 def _reload(port: int) -> None:
     req = urllib.request.Request(url(port) + "/-/reload", method="POST")
-    with urllib.request.urlopen(req, timeout=10):
+    with _LOCAL.open(req, timeout=10):
         pass
 
 
