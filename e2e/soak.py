@@ -102,6 +102,10 @@ def run(minutes: float, cluster_dir: Path | None = None, log=print) -> dict:
             "operator_rss_trend_mib_per_hour": round(_slope_per_hour(rss[len(rss) // 4:]), 1),
             "operator_error_lines": errors[:20],
             "operator_alive": operator.poll() is None,
+            # For the plot and the JSON record; not printed.
+            "series": {"rss_mib": [(round(t, 1), round(v, 1)) for t, v in rss],
+                       "replicas": [(round(r["t"] - (t_load - tl.t0), 1), r["desired"], r["ready"])
+                                    for r in tl.rows]},  # fmt: skip
         }
     finally:
         stack.stop(down=True, log=log)
@@ -130,14 +134,43 @@ def verdict(figures: dict) -> list[str]:
     return problems
 
 
+def plot(figures: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = figures["series"]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    ax1.plot([t / 60 for t, _ in series["rss_mib"]], [v for _, v in series["rss_mib"]], color="tab:purple")
+    ax1.set_ylabel("operator RSS (MiB)")
+    ax1.set_ylim(bottom=0)
+    ax1.set_title(f"Soak: {figures['minutes']:g} min of varying load; RSS trend "
+                  f"{figures['operator_rss_trend_mib_per_hour']:+g} MiB/h, evaluations "
+                  f"{figures['evaluations']}/{figures['evaluations_expected']}")  # fmt: skip
+    rows = [r for r in series["replicas"] if r[0] >= 0]
+    ax2.step([r[0] / 60 for r in rows], [r[1] for r in rows], where="post", label="desired replicas")
+    ax2.step([r[0] / 60 for r in rows], [r[2] for r in rows], where="post", label="ready replicas")
+    ax2.set_ylabel("replica groups")
+    ax2.set_xlabel("minutes of load")
+    ax2.legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--plot", metavar="PNG", help="operator RSS and replicas over time")
     args = ap.parse_args(argv)
     figures = run(args.minutes)
     for k, v in figures.items():
-        print(f"{k:<34} {v}")
+        if k != "series":
+            print(f"{k:<34} {v}")
+    if args.plot:
+        plot(figures, Path(args.plot))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(figures, indent=2) + "\n")
     problems = verdict(figures)
