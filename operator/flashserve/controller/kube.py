@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from typing import Callable, TypeVar
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -19,7 +17,6 @@ from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "flashserve-operator"
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 _PATHS = {
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services/{name}",
@@ -30,22 +27,6 @@ _PATHS = {
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains/{name}",
 }  # fmt: skip
 _KIND_VERSION = {kind: api for api, kind in _PATHS}
-
-
-class Conflict(Exception):
-    """The object changed under us (HTTP 409) after retries."""
-
-
-def retry_conflicts(fn: Callable[[], T], attempts: int = 5) -> T:
-    """Run `fn`, retrying optimistic-concurrency conflicts (409) with a short backoff."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except ApiException as exc:
-            if exc.status != 409 or attempt == attempts - 1:
-                raise
-            time.sleep(0.05 * 2**attempt)
-    raise AssertionError("unreachable")
 
 
 class Kube:
