@@ -27,8 +27,6 @@ def test_hand_scaled_statefulset_is_restored_with_an_event(operator, kubectl, na
     wait_until(lambda: ready(kubectl, namespace) and len(pods(kubectl, namespace)) == 2, 60, what="back to 2 pods")
 
 
-@pytest.mark.xfail(strict=False, reason="passes alone (recovers in ~7 s) but failed when run after the other "
-                   "reliability tests in one session; under investigation")
 def test_silent_watch_is_detected_and_recovered(cluster, namespace, crd_installed, kubectl, tmp_path):
     """Behind a proxy that freezes every open connection, the operator's watches go silent. The client-side
     watch timeout must notice, reconnect, and see a StatefulSet deleted meanwhile."""
