@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import string
 import time
+from collections import Counter
 
 import pytest
 import yaml
@@ -190,6 +191,9 @@ def test_fuzzed_crs_that_passed_admission_are_served_or_reported(operator, kubec
         return True
 
     wait_until(settled, 120, what="every accepted CR observed")
+    outcomes = Counter(condition(serving(kubectl, namespace, cr["metadata"]["name"]), "Ready").get("reason")
+                       for cr in cases)  # fmt: skip
+    print(f"replayed {len(cases)} accepted CRs with the operator running: {dict(outcomes)}")
     before = operator.metrics()["flashserve_reconciles_total"]
     time.sleep(10)
     after = operator.metrics()["flashserve_reconciles_total"]
