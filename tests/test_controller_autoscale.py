@@ -80,8 +80,9 @@ def evaluate(scaler: Autoscaler, body: dict, observed: Observed, kube: Recording
 
 def test_breach_scales_up_at_once_and_reports(prometheus, events):
     url, fake = prometheus
-    # 2 replicas, 900 users running: per-user speed far below 100 tok/s.
-    fake.values.update(running=900.0, running_avg=900.0, itl_at_percentile=0.040, itl_p50=0.030)
+    # 2 replicas, 900 users running: per-user speed far below 100 tok/s on the per-request reading (1 / 20 ms;
+    # the per-step one, 1.6 tokens / 16 ms = 100 tok/s, would not show it).
+    fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
     scaler, kube = Autoscaler(), RecordingKube()
     body = body_for(url)
     conds, scaled = evaluate(scaler, body, ready_observed(2), kube)
@@ -94,11 +95,12 @@ def test_breach_scales_up_at_once_and_reports(prometheus, events):
     assert status["slaState"] in ("Breached", "AtRisk")
     assert status["lastScaling"]["from"] == 2 and status["lastScaling"]["to"] == scaled
     assert status["sla"]["tokensPerSecond"] > 0 and status["sla"]["tokensPerDollar"] > 0
+    assert status["sla"]["perUserTokensPerSecondP90"] == pytest.approx(50.0)
 
 
 def test_advisory_mode_reports_without_writing(prometheus, events):
     url, fake = prometheus
-    fake.values.update(running=900.0, running_avg=900.0, itl_at_percentile=0.040, itl_p50=0.030)
+    fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
     scaler, kube = Autoscaler(), RecordingKube()
     conds, scaled = evaluate(scaler, body_for(url, mode="Advisory"), ready_observed(2), kube)
     assert scaled is None and not [c for c in kube.calls if c[0] == "replicas"]
@@ -126,7 +128,7 @@ def test_evaluations_are_paced_by_the_interval(prometheus, events):
 
 def test_learned_state_is_restored_from_the_annotation(prometheus, events):
     url, fake = prometheus
-    fake.values.update(running=900.0, running_avg=900.0, itl_at_percentile=0.040, itl_p50=0.030)
+    fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
     scaler, kube = Autoscaler(), RecordingKube()
     evaluate(scaler, body_for(url), ready_observed(2), kube)
     saved = [c for c in kube.calls if c[0] == "annotate"][-1][2]

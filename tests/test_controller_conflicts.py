@@ -36,7 +36,7 @@ def test_conflict_on_the_replicas_write_is_retried_on_the_next_version(prometheu
     from flashserve.controller.autoscale import Autoscaler
 
     url, fake = prometheus
-    fake.values.update(running=900.0, running_avg=900.0, itl_at_percentile=0.040, itl_p50=0.030)
+    fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
     scaler, kube = Autoscaler(), ConflictingKube()
     body = body_for(url)
     conds, scaled = evaluate(scaler, body, ready_observed(2), kube)

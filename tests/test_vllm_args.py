@@ -83,6 +83,10 @@ def test_itl_buckets_centre_on_the_mtp_step_latency():
     bounds = json.loads(args[args.index("--custom-histogram-buckets") + 1])["inter_token_latency"]
     near = [b for b in bounds if 0.015 <= b <= 0.021]
     assert 0.018 in bounds and len(near) >= 5, near
+    # The same bucket family holds the per-request time per output token, the autoscaler's SLA reading:
+    # 10 ms at 100 tok/s whatever the MTP, resolved to ~5% around it too.
+    per_token = [b for b in bounds if 0.0085 <= b <= 0.0115]
+    assert {0.0095, 0.01, 0.0105} <= set(per_token) and len(per_token) >= 5, per_token
 
 
 def test_extra_args_follow_managed_ones():

@@ -118,12 +118,15 @@ def itl_buckets(sla_tokens_per_second: float, tokens_per_step: float = 1.0) -> l
 
     A 100 tok/s SLA is a 10 ms ITL: vLLM's lowest default bound, so histogram_quantile could not tell
     110 tok/s from 1000 tok/s. vLLM observes ITL once per engine step, and with MTP a step yields up to
-    1 + num_speculative_tokens tokens, so the step latency at the SLA is tokens_per_step / SLA. Bounds from
-    0.25x to 4x that latency (about +-5% near it) are merged with the defaults so dashboards keep working.
+    1 + num_speculative_tokens tokens, so the step latency at the SLA is tokens_per_step / SLA. The same
+    bucket family also holds `vllm:request_time_per_output_token_seconds` (one observation per request, per
+    output token), the autoscaler's SLA reading, whose value at the SLA is 1 / SLA. Bounds from 0.25x to 4x
+    of both latencies (about +-5% near them) are merged with the defaults so dashboards keep working.
     """
-    target = tokens_per_step / sla_tokens_per_second
     factors = (0.25, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 3.0, 4.0)
-    bounds = {round(target * f, 6) for f in factors} | set(DEFAULT_ITL_BUCKETS)
+    bounds = set(DEFAULT_ITL_BUCKETS)
+    for target in {tokens_per_step / sla_tokens_per_second, 1.0 / sla_tokens_per_second}:
+        bounds |= {round(target * f, 6) for f in factors}
     return sorted(b for b in bounds if b > 0)
 
 

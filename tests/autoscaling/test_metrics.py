@@ -22,7 +22,7 @@ BY_QUERY = {q: name for name, q in QUERIES.all().items()}
 CANNED = {
     "sample_age": 4.0, "running": 500.0, "waiting": 20.0, "running_avg": 480.0,
     "generation_tokens_rate": 48_100.0, "first_tokens_rate": 100.0, "itl_steps_rate": 30_000.0,
-    "itl_at_percentile": 0.016, "itl_p50": 0.012, "kv_usage_avg": 0.55, "kv_usage_max": 0.7,
+    "tpot_requests_rate": 95.0, "tpot_at_percentile": 0.0095, "tpot_p50": 0.008, "itl_at_percentile": 0.016, "itl_p50": 0.012, "kv_usage_avg": 0.55, "kv_usage_max": 0.7,
     "ttft_at_percentile": 1.5, "replicas_reporting": 2.0,
 }  # fmt: skip
 
@@ -42,7 +42,7 @@ class FakePrometheus(BaseHTTPRequestHandler):
             return self._send(500, {"status": "error", "error": "boom"})
         name = BY_QUERY.get(query)
         value = None if self.mode == "empty" else self.values.get(name) if name else None
-        if self.mode == "nan" and name == "itl_at_percentile":
+        if self.mode == "nan" and name in ("itl_at_percentile", "tpot_at_percentile"):
             value = float("nan")
         result = [] if value is None else [{"metric": {}, "value": [time.time(), repr(float(value))]}]
         self._send(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
@@ -86,8 +86,9 @@ def test_reads_a_snapshot():
     assert s is not None
     assert (s.time, s.sample_age_s, s.running, s.waiting, s.running_avg) == (1000.0, 4.0, 500.0, 20.0, 480.0)
     assert s.tokens_per_step == pytest.approx(1.6)  # (48100 - 100) / 30000
-    assert s.speed_at_percentile == pytest.approx(100.0)  # 1.6 / 0.016
-    assert s.speed_p50 == pytest.approx(1.6 / 0.012)
+    assert s.speed_source == "requests"
+    assert s.speed_at_percentile == pytest.approx(1 / 0.0095)  # per request, not 1.6 / 0.016 per step
+    assert s.speed_p50 == pytest.approx(1 / 0.008)
     assert s.speed_from_counters == pytest.approx(48_100 / 480)
     assert (s.kv_usage_avg, s.kv_usage_max, s.ttft_at_percentile_s, s.replicas_reporting) == (0.55, 0.7, 1.5, 2)
     # every query was sent, each selecting the serving

@@ -53,9 +53,54 @@ def test_the_slow_side_is_the_right_side():
     assert sum(s >= wrong for s in speeds) / len(speeds) == pytest.approx(0.1, abs=0.002)
 
 
+@pytest.mark.parametrize("percentile, q", [(90, "0.9"), (99, "0.99")])
+def test_sla_speed_reads_the_per_request_time_per_output_token(percentile, q):
+    queries = Queries("team-a", "flash", percentile=percentile)
+    tpot = 'vllm:request_time_per_output_token_seconds_bucket{namespace="team-a",serving="flash"}[60s]'
+    assert queries.tpot_at_percentile == f"histogram_quantile({q}, sum by (le) (rate({tpot})))"
+    assert queries.tpot_p50 == f"histogram_quantile(0.5, sum by (le) (rate({tpot})))"
+    count = 'vllm:request_time_per_output_token_seconds_count{namespace="team-a",serving="flash"}[60s]'
+    assert queries.tpot_requests_rate == f"sum(rate({count}))"
+    assert {"tpot_at_percentile", "tpot_p50", "tpot_requests_rate"} <= set(queries.all())
+
+
 def test_freshness_and_group_count_queries():
     assert Q.sample_age.startswith("time() - max(timestamp(vllm:num_requests_running{")
     assert Q.replicas_reporting.startswith("count(count by (group) (")
+
+
+RAW = {
+    "sample_age": 3.0, "running": 64.0, "waiting": 0.0, "running_avg": 64.0,
+    "generation_tokens_rate": 6400.0, "first_tokens_rate": 100.0, "itl_steps_rate": 3500.0,
+    "itl_at_percentile": 0.018, "itl_p50": 0.015, "kv_usage_avg": 0.4, "kv_usage_max": 0.5,
+    "ttft_at_percentile": 0.8, "replicas_reporting": 1.0,
+}  # fmt: skip
+
+
+def test_speed_is_one_over_the_per_request_tpot_quantile():
+    # 100 requests finished per second; 90% of them at <= 9.5 ms per output token: p90 speed 105 tok/s. The
+    # per-step reading (1.8 / 18 ms = 100) is not used, nor is tokens per step (TPOT is per token already).
+    raw = RAW | {"tpot_requests_rate": 100.0, "tpot_at_percentile": 0.0095, "tpot_p50": 0.008}
+    snap = assemble(raw, stamp=1000.0, window_s=60.0, percentile=90.0)
+    assert snap.speed_source == "requests"
+    assert snap.speed_at_percentile == pytest.approx(1 / 0.0095)
+    assert snap.speed_p50 == pytest.approx(125.0)
+    assert snap.tokens_per_step == pytest.approx(1.8)  # still measured, for the fallback and the status
+
+
+@pytest.mark.parametrize(
+    "tpot",
+    [
+        {},  # an engine without the histogram
+        {"tpot_requests_rate": 0.0, "tpot_at_percentile": None, "tpot_p50": None},  # nothing finished
+        {"tpot_requests_rate": 0.25, "tpot_at_percentile": 0.02, "tpot_p50": 0.01},  # 15 finished: too few
+    ],
+)
+def test_per_step_reading_stands_in_when_too_few_requests_finished(tpot):
+    snap = assemble(RAW | tpot, stamp=1000.0, window_s=60.0, percentile=90.0)
+    assert snap.speed_source == "steps"
+    assert snap.speed_at_percentile == pytest.approx(100.0)  # 1.8 / 0.018
+    assert snap.speed_p50 == pytest.approx(120.0)
 
 
 def test_per_step_itl_is_scaled_by_tokens_per_step():
@@ -66,8 +111,8 @@ def test_per_step_itl_is_scaled_by_tokens_per_step():
         "itl_at_percentile": 0.018, "itl_p50": 0.015, "kv_usage_avg": 0.4, "kv_usage_max": 0.5,
         "ttft_at_percentile": 0.8, "replicas_reporting": 1.0,
     }  # fmt: skip
-    snap = assemble(raw, stamp=1000.0, window_s=60.0, percentile=90.0)
-    assert snap.tokens_per_step == pytest.approx(1.8)
+    snap = assemble(raw, stamp=1000.0, window_s=60.0, percentile=90.0)  # no TPOT histogram: the fallback
+    assert snap.tokens_per_step == pytest.approx(1.8) and snap.speed_source == "steps"
     assert snap.speed_at_percentile == pytest.approx(100.0)  # 1.8 / 0.018, not 1 / 0.018 = 55
     assert snap.speed_p50 == pytest.approx(120.0)
     assert snap.speed_from_counters == pytest.approx(100.0)
@@ -79,3 +124,4 @@ def test_idle_serving_has_no_speed_but_has_demand():
            "first_tokens_rate": 0.0, "itl_steps_rate": 0.0, "itl_at_percentile": None}  # fmt: skip
     snap = assemble(raw, stamp=0.0, window_s=60.0, percentile=90.0)
     assert snap.running == 0.0 and snap.speed_at_percentile is None and snap.speed_from_counters is None
+    assert snap.speed_source is None

@@ -35,6 +35,16 @@ def runs(tiny, profile, calib):
     return w, out
 
 
+def test_flashserve_reads_the_per_request_speed_from_the_simulated_prometheus(tiny, profile, calib):
+    # the engine model records vllm:request_time_per_output_token_seconds; the simulated Prometheus serves it
+    w = _workload(tiny, 3, profile, calib)
+    pol = build(PolicySpec("flashserve"), calib, w.scenario.startup_median_s, 100.0)
+    res = Simulation(w, pol, Settings(decisions=True)).run()
+    read = [d["readings"] for d in res.decisions if d["readings"].get("speedAtPercentile") is not None]
+    assert read and sum(r["speedSource"] == "requests" for r in read) >= 0.9 * len(read)
+    assert all(60.0 < r["speedAtPercentile"] < 200.0 for r in read)
+
+
 def test_same_seed_same_result(tiny, profile, calib, runs):
     _, out = runs
     again = _run(_workload(tiny, 3, profile, calib), calib, "flashserve")

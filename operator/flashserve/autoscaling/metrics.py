@@ -25,6 +25,10 @@ DEFAULT_TIMEOUT_S = 5.0
 # A step yields at least one token; more than this many per step means the counters disagree (e.g. a
 # restarted engine mid-window), and no correction is better than a wild one.
 MAX_TOKENS_PER_STEP = 9.0
+# Fewer requests finished in the window than this, and the per-request quantile is not trusted (the q0.9 of
+# a handful of observations is their slowest one): the per-step reading, which has ~100 observations per
+# request, stands in.
+MIN_FINISHED_REQUESTS = 20.0
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,27 @@ def assemble(values: dict[str, float | None], stamp: float, window_s: float, per
     if steps and steps > 0 and gen is not None:
         tokens_per_step = min(MAX_TOKENS_PER_STEP, max(1.0, (gen - (v("first_tokens_rate") or 0.0)) / steps))
 
-    def speed(itl: float | None) -> float | None:
+    def step_speed(itl: float | None) -> float | None:
         if tokens_per_step is None or itl is None or itl <= 0:
             return None
         return tokens_per_step / itl
+
+    # The SLA reading is per request: 1 / TPOT quantile, one observation per finished request. With fewer than
+    # MIN_FINISHED_REQUESTS finished in the window (none: the quantile is NaN, None here) the per-step ITL
+    # reading stands in. That happens on an idle serving (then there are no decode steps either, and no speed,
+    # as before), in the first window after traffic starts, or when the few requests in flight decode for
+    # longer than the window: all at low concurrency, where both readings are well above the SLA (the step
+    # reading is the higher of the two at low load, the lower near capacity), so the fallback neither declares
+    # a breach nor hides one; the capacity learner takes such points near concurrency zero, where its
+    # idle-speed anchor weighs most anyway.
+    tpot, tpot_p50 = v("tpot_at_percentile"), v("tpot_p50")
+    finished = (v("tpot_requests_rate") or 0.0) * window_s
+    if tpot is not None and tpot > 0 and finished >= MIN_FINISHED_REQUESTS:
+        source = "requests"
+        speed_at, speed_p50 = 1.0 / tpot, (1.0 / tpot_p50 if tpot_p50 and tpot_p50 > 0 else None)
+    else:
+        speed_at, speed_p50 = step_speed(v("itl_at_percentile")), step_speed(v("itl_p50"))
+        source = "steps" if speed_at is not None else None
 
     running_avg = v("running_avg")
     counters = gen / running_avg if gen is not None and running_avg and running_avg > 0 else None
@@ -89,8 +110,9 @@ def assemble(values: dict[str, float | None], stamp: float, window_s: float, per
         running=v("running"),
         waiting=v("waiting"),
         running_avg=running_avg,
-        speed_p50=speed(v("itl_p50")),
-        speed_at_percentile=speed(v("itl_at_percentile")),
+        speed_p50=speed_p50,
+        speed_at_percentile=speed_at,
+        speed_source=source,
         speed_from_counters=counters,
         tokens_per_step=tokens_per_step,
         tokens_per_second=gen,

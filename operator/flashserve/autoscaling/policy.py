@@ -459,6 +459,7 @@ def _decide_on_metrics(
         waiting=_r(waiting),
         concurrencyPerReplica=_r(conc),
         speedAtPercentile=_r(speed),
+        speedSource=m.speed_source,
         speedP50=_r(m.speed_p50),
         speedFromCounters=_r(m.speed_from_counters),
         tokensPerStep=_r(m.tokens_per_step),

@@ -4,17 +4,24 @@ All queries select one serving's engines by the labels its scrape targets carry 
 set by the pod relabelling of kubernetes_sd or by the local cluster's file_sd), and aggregate over every
 engine (`engine` label) of every pod and replica group, so a serving is read as a whole.
 
-Direction of the speed percentile: an SLA "p90 per-user speed >= 100 tok/s" means 90% of the decode
-tokens come at least that fast, so it is limited by the SLOW tail, i.e. the LONG inter-token latencies.
-The speed that p% of users meet or beat is therefore tokens_per_step / ITL quantile(p/100): ITL q0.9 gives
-the p90 speed in this sense (equivalently the 10th percentile of the speed distribution). Using q0.1 would
-report the speed of the fastest 10% and hide every breach.
+Direction of the speed percentile: an SLA "p90 per-user speed >= 100 tok/s" means 90% of the users (here:
+requests) get at least that speed, so it is limited by the SLOW tail, i.e. the LONG times per token. The
+speed that p% of requests meet or beat is therefore 1 / TPOT quantile(p/100), where TPOT is
+`vllm:request_time_per_output_token_seconds`: one observation per finished request, its decode time over its
+output tokens - 1, i.e. the inverse of that user's speed, MTP included. TPOT q0.9 gives the p90 speed in this
+sense (equivalently the 10th percentile of the speed distribution). Using q0.1 would report the speed of the
+fastest 10% and hide every breach. Each request counts once whatever its length (the histogram cannot weight
+by tokens). TPOT shares the ITL buckets (vLLM's `inter_token_latency` bucket family), so the renderer's bounds
+must resolve 1/SLA as well as the step latency (vllm_args.itl_buckets).
 
-vLLM observes `vllm:inter_token_latency_seconds` once per engine step per decoding request, however many
-tokens the step produced. With MTP speculative decoding a step yields ~1.8 tokens, so 1/ITL alone would
-under-read per-user speed by that factor. `tokens_per_step` measures it from counters: generation tokens
-minus first tokens (one per request, counted by the TTFT histogram) over ITL observations. It is a mean over
-requests; acceptance varies little between requests, so the percentile is scaled by the mean.
+The per-step ITL reading below is the fallback when no request finished in the window (metrics.assemble).
+It is not the users' speed: vLLM observes `vllm:inter_token_latency_seconds` once per engine step per
+decoding request, however many tokens the step produced, and on agentic traffic the steps that carry a new
+turn's prefill chunk make up its slow tail while a user's speed averages over all of its ~150 steps, so near
+capacity tokens_per_step / ITL q0.9 reads 10-25% below the p90 per-request speed. With MTP speculative
+decoding a step yields ~1.8 tokens, hence the tokens_per_step factor; it is measured from counters:
+generation tokens minus first tokens (one per request, counted by the TTFT histogram) over ITL observations,
+a mean over requests.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ITL = "vllm:inter_token_latency_seconds"
+TPOT = "vllm:request_time_per_output_token_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
@@ -63,18 +71,39 @@ class Queries:
     def w(self) -> str:
         return duration(self.window_s)
 
+    def _quantile(self, metric: str, q: float) -> str:
+        return f"histogram_quantile({q:g}, sum by (le) (rate({metric}_bucket{{{self.sel}}}[{self.w}])))"
+
     def _itl_quantile(self, q: float) -> str:
-        return f"histogram_quantile({q:g}, sum by (le) (rate({ITL}_bucket{{{self.sel}}}[{self.w}])))"
+        return self._quantile(ITL, q)
+
+    @property
+    def tpot_at_percentile(self) -> str:
+        """Time per output token (seconds, one observation per finished request) that `percentile`% of the
+        requests finished in the window stayed within: per-user speed at the SLA percentile = 1 / this. No
+        result (NaN) when no request finished in the window."""
+        return self._quantile(TPOT, self.percentile / 100.0)
+
+    @property
+    def tpot_requests_rate(self) -> str:
+        """TPOT observations per second: requests finished (with at least two output tokens); times the
+        window, how many the TPOT quantiles rest on."""
+        return f"sum(rate({TPOT}_count{{{self.sel}}}[{self.w}]))"
+
+    @property
+    def tpot_p50(self) -> str:
+        """Median time per output token over the requests finished in the window; median speed = 1 / this."""
+        return self._quantile(TPOT, 0.5)
 
     @property
     def itl_at_percentile(self) -> str:
-        """ITL (seconds per step) that `percentile`% of decode steps stay within; per-user speed at the SLA
-        percentile = tokens_per_step / this. Needs ITL buckets around 1/SLA (the renderer adds them)."""
+        """ITL (seconds per step) that `percentile`% of decode steps stay within; the fallback speed reading
+        is tokens_per_step / this. Needs ITL buckets around tokens_per_step/SLA (the renderer adds them)."""
         return self._itl_quantile(self.percentile / 100.0)
 
     @property
     def itl_p50(self) -> str:
-        """Median ITL; the median per-user speed = tokens_per_step / this."""
+        """Median ITL; the fallback median speed reading = tokens_per_step / this."""
         return self._itl_quantile(0.5)
 
     @property
@@ -121,10 +150,7 @@ class Queries:
     @property
     def ttft_at_percentile(self) -> str:
         """Time to first token `percentile`% of requests met (slow side, same direction as the ITL)."""
-        return (
-            f"histogram_quantile({self.percentile / 100.0:g}, "
-            f"sum by (le) (rate({TTFT}_bucket{{{self.sel}}}[{self.w}])))"
-        )
+        return self._quantile(TTFT, self.percentile / 100.0)
 
     @property
     def sample_age(self) -> str:
@@ -141,7 +167,7 @@ class Queries:
         """Name -> query, in the order metrics.py runs them (freshness first: it decides whether the rest matter)."""
         names = (
             "sample_age", "running", "waiting", "running_avg", "generation_tokens_rate", "itl_steps_rate",
-            "first_tokens_rate", "itl_at_percentile", "itl_p50", "kv_usage_avg", "kv_usage_max",
-            "ttft_at_percentile", "replicas_reporting",
+            "first_tokens_rate", "tpot_requests_rate", "tpot_at_percentile", "tpot_p50", "itl_at_percentile", "itl_p50",
+            "kv_usage_avg", "kv_usage_max", "ttft_at_percentile", "replicas_reporting",
         )  # fmt: skip
         return {n: getattr(self, n) for n in names}

@@ -30,14 +30,18 @@ class MetricsSnapshot:
     running_avg: float | None = None
     """Running requests averaged over the window, matching the rate-based speed readings."""
     speed_p50: float | None = None
-    """Median per-user decode speed (tokens/s), token-weighted, from the ITL histogram."""
+    """Median per-user decode speed (tokens/s), read like speed_at_percentile."""
     speed_at_percentile: float | None = None
-    """Speed that `percentile`% of decode tokens were delivered at or above (tokens/s per user)."""
+    """Per-user speed that `percentile`% of the requests finished in the window met or beat (tokens/s):
+    1 / TPOT quantile; the per-step ITL reading when no request finished (see `speed_source`)."""
+    speed_source: str | None = None
+    """What the speeds were read from: "requests" (vllm:request_time_per_output_token_seconds) or "steps"
+    (tokens_per_step / vllm:inter_token_latency_seconds, the fallback); None without a reading."""
     speed_from_counters: float | None = None
     """Mean per-user speed: generation tokens/s over average running requests."""
     tokens_per_step: float | None = None
     """Tokens a decoding request gains per engine step (1 + accepted MTP drafts); the ITL readings are
-    per step, so speeds are this over ITL."""
+    per step, so the fallback speeds are this over ITL."""
     tokens_per_second: float | None = None
     """Generation tokens/s of the whole serving."""
     kv_usage_avg: float | None = None

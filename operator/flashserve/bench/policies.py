@@ -22,6 +22,14 @@ from flashserve.bench.prom import Prometheus
 FAMILIES = ("flashserve", "hpa", "kpa", "aibrix-apa", "dynamo", "wva", "static")
 # Prior concurrency per GPU the autoscaling docs tell operators to pass (50 x GPUs per replica).
 PRIOR_PER_GPU = 50.0
+# sla.percentile given to the policy. The benchmark scores token-weighted attainment (99% of output tokens at
+# >= the SLA speed); the policy reads a per-request quantile (vllm:request_time_per_output_token_seconds, one
+# observation per request whatever its length). On the load test (calibrate.py), at the concurrency where 99%
+# of tokens meet the SLA (41 per GPU), 95% of requests do: short requests are the slower ones. So the SLA a
+# user would write from that load test is "p95 per-user speed >= 100 tok/s", as the baselines are given the
+# load test's 164 per replica. (p99 of requests is stricter than 99% of tokens: it crosses 100 tok/s at ~32
+# per GPU.)
+SLA_PERCENTILE = 95.0
 
 
 def snapshot(prom: Prometheus, now: float, window_s: float, percentile: float) -> tuple[MetricsSnapshot | None, str | None]:
@@ -38,6 +46,9 @@ def snapshot(prom: Prometheus, now: float, window_s: float, percentile: float) -
         "generation_tokens_rate": prom.rate_sum(now, window_s, "gen_tokens"),
         "itl_steps_rate": prom.rate_sum(now, window_s, "itl_count"),
         "first_tokens_rate": prom.rate_sum(now, window_s, "ttft_count"),
+        "tpot_requests_rate": prom.rate_sum(now, window_s, "tpot_count"),
+        "tpot_at_percentile": prom.histogram_quantile(percentile / 100.0, now, window_s, "tpot"),
+        "tpot_p50": prom.histogram_quantile(0.5, now, window_s, "tpot"),
         "itl_at_percentile": prom.histogram_quantile(percentile / 100.0, now, window_s, "itl"),
         "itl_p50": prom.histogram_quantile(0.5, now, window_s, "itl"),
         "kv_usage_avg": sum(kv.values()) / len(kv) if kv else None,
@@ -76,7 +87,7 @@ class FlashServe(Policy):
                 enabled=True,
                 min_replicas=ctx.min_replicas,
                 max_replicas=ctx.max_replicas,
-                sla=SLASpec(per_user_tokens_per_second=ctx.sla_tokens_per_s),
+                sla=SLASpec(per_user_tokens_per_second=ctx.sla_tokens_per_s, percentile=SLA_PERCENTILE),
                 replica_startup_seconds=int(round(self.startup_s)),
             )
             prior = PRIOR_PER_GPU * self.calib.gpus_per_replica * ctx.sla_tokens_per_s / 100.0
@@ -118,11 +129,11 @@ class PolicySpec:
 _SHORT = {"percentile": "p", "scale_up_utilization": "u"}
 
 
-FLASHSERVE_SWEEP = (("percentile", 50.0), ("percentile", 75.0), ("percentile", 95.0),
+FLASHSERVE_SWEEP = (("percentile", 75.0), ("percentile", 90.0), ("percentile", 99.0),
                     ("scale_up_utilization", 0.9), ("scale_up_utilization", 1.15))  # fmt: skip
-"""The SLA percentile the policy holds (spec.autoscaling.sla.percentile: which ITL quantile it reads) and
-scale_up_utilization (demand / (replicas x learned capacity) it sizes for), one at a time from the defaults
-(p90, 1.0)."""
+"""The SLA percentile the policy holds (spec.autoscaling.sla.percentile: which quantile of the per-request
+time per output token it reads) and scale_up_utilization (demand / (replicas x learned capacity) it sizes
+for), one at a time from the benchmark's setting (p95, 1.0)."""
 
 
 def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float) -> Policy:

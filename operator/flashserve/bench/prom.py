@@ -41,6 +41,9 @@ class Sample:
     output_count: float
     prefix_queries: float
     prefix_hits: float
+    tpot_count: float = 0.0
+    """vllm:request_time_per_output_token_seconds: one observation per finished request, on the ITL bounds."""
+    tpot_buckets: tuple[float, ...] = ()
 
 
 class Series:
@@ -176,7 +179,7 @@ class Prometheus:
         return total
 
     def histogram_quantile(self, q: float, now: float, window_s: float, which: str = "itl") -> float | None:
-        bounds = self.itl_bounds if which == "itl" else self.ttft_bounds
+        bounds = self.ttft_bounds if which == "ttft" else self.itl_bounds  # TPOT shares the ITL buckets
         rates = self.bucket_rates(now, window_s, f"{which}_buckets", f"{which}_count")
         if rates is None:
             return None

@@ -237,7 +237,7 @@ class Simulation:
             snap = eng.snapshot()
             running += snap.running * g.weight
             waiting += snap.waiting * g.weight
-            itl, ttft = st.itl, st.ttft
+            itl, ttft, tpot = st.itl, st.ttft, st.tpot
             self.prom.ingest(r.key, g.pod, g.index, g.weight, Sample(
                 t=now, running=snap.running, waiting=snap.waiting, kv=snap.kv_usage,
                 gen_tokens=eng.generation_tokens(), itl_count=itl.n, itl_sum=itl.total,
@@ -245,7 +245,7 @@ class Simulation:
                 ttft_buckets=tuple(accumulate(ttft.counts[:-1])), prompt_tokens=st.req_prompt_tokens.total,
                 prompt_count=st.req_prompt_tokens.n, output_tokens_done=st.req_generation_tokens.total,
                 output_count=st.req_generation_tokens.n, prefix_queries=st.prefix_queries,
-                prefix_hits=st.prefix_hits,
+                prefix_hits=st.prefix_hits, tpot_count=tpot.n, tpot_buckets=tuple(accumulate(tpot.counts[:-1])),
             ))  # fmt: skip
         self.prom.forget_old(now)
         if self.step_base is None and now >= self.off:
