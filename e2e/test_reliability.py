@@ -30,7 +30,8 @@ def test_hand_scaled_statefulset_is_restored_with_an_event(operator, kubectl, na
 
 def test_silent_watch_is_detected_and_recovered(cluster, namespace, crd_installed, kubectl, tmp_path):
     """Behind a proxy that freezes every open connection, the operator's watches go silent. The client-side
-    watch timeout must notice, reconnect, and see a StatefulSet deleted meanwhile."""
+    watch timeout must notice, reconnect, and see a StatefulSet deleted meanwhile; the leader's Lease renewals,
+    frozen too, must not cost it the leadership."""
     cluster.require_pools()
     kc = yaml.safe_load(cluster.kubeconfig.read_text())
     server = kc["clusters"][0]["cluster"]["server"]
@@ -56,6 +57,8 @@ def test_silent_watch_is_detected_and_recovered(cluster, namespace, crd_installe
                    what="StatefulSet restored after the silent watch was replaced")  # fmt: skip
         recovered = time.monotonic() - t0
         assert recovered > 3, "restored too fast for the watch to have been silent: the test proves nothing"
+        # The Lease renewals went through the same frozen proxy: they must have moved to fresh connections.
+        assert not op.exited() and "lease lost" not in op.log_path.read_text(errors="replace"), "kept the lead"
         print(f"silent watch recovered in {recovered:.1f}s")
     finally:
         proxy.release()

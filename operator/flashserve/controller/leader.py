@@ -4,6 +4,11 @@ kopf's own peering freezes every operator when two share a priority, and lets tw
 new higher-priority peer is noticed. A Lease gives the usual Kubernetes guarantee instead: the holder renews
 it; if it cannot renew within `renew_deadline` it stops acting (the process exits and is restarted), and a
 standby can take the lease only after `lease_duration` has passed since the last renewal.
+
+Every Lease request has its own short timeout and the elector its own connection pool: a request stuck on a
+half-open connection (a frozen proxy, a dropped NAT entry) then fails in seconds, takes its connection with
+it, and the next attempt opens a fresh one well within `renew_deadline`. With one request allowed to hang for
+the whole deadline, a single dead connection would cost the leadership.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ class LeaseElector:
         self.namespace, self.name = namespace, name
         self.identity = identity or f"{socket.gethostname()}_{os.getpid()}"
         self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
+        # An attempt is a read and a write: two stuck ones still leave time for a third inside the deadline.
+        self.request_timeout = renew_deadline / 4
 
     def _try_acquire_or_renew(self) -> bool:
         now = _now()
         try:
-            lease = self.coord.read_namespaced_lease(self.name, self.namespace)
+            lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -58,7 +65,7 @@ class LeaseElector:
                 ),
             )
             try:
-                self.coord.create_namespaced_lease(self.namespace, body)
+                self.coord.create_namespaced_lease(self.namespace, body, _request_timeout=self.request_timeout)
                 return True
             except ApiException as exc2:
                 if exc2.status == 409:
@@ -79,7 +86,7 @@ class LeaseElector:
         spec.lease_duration_seconds = int(self.lease_duration)
         try:
             # resourceVersion in `lease` makes this a compare-and-swap: a racing replica gets 409.
-            self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
+            self.coord.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=self.request_timeout)
             return True
         except ApiException as exc:
             if exc.status == 409:
@@ -104,8 +111,10 @@ class LeaseElector:
     async def hold(self) -> None:
         """Renew the lease until renewal fails for longer than renew_deadline; then return (leadership lost)."""
         last_ok = asyncio.get_running_loop().time()
+        ok = True
         while True:
-            await asyncio.sleep(self.retry_period)
+            # After a failure, try again soon (on a fresh connection) rather than a whole retry period later.
+            await asyncio.sleep(self.retry_period if ok else min(self.retry_period, 0.5))
             try:
                 ok = await asyncio.wait_for(asyncio.to_thread(self._try_acquire_or_renew), self.renew_deadline)
             except Exception as exc:
@@ -121,10 +130,11 @@ class LeaseElector:
     def release(self) -> None:
         """Give the lease up on a clean shutdown so a standby takes over without waiting for expiry."""
         try:
-            lease = self.coord.read_namespaced_lease(self.name, self.namespace)
+            lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout)
             if lease.spec.holder_identity == self.identity:
                 lease.spec.holder_identity = None
                 lease.spec.lease_duration_seconds = 1
-                self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
+                self.coord.replace_namespaced_lease(self.name, self.namespace, lease,
+                                                    _request_timeout=self.request_timeout)  # fmt: skip
         except Exception as exc:  # best effort: expiry releases it anyway
             log.warning("leader election: release failed (%s)", exc)

@@ -16,6 +16,7 @@ import sys
 import kopf
 from kubernetes import client, config
 
+from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.reconciler import Controller
 
@@ -83,7 +84,8 @@ async def _run(args: argparse.Namespace) -> int:
     api = _api_client(args.kubeconfig)
     elector = None
     if args.leader_elect:
-        elector = LeaseElector(api, args.lease_namespace, args.lease_name)
+        # Its own client (connection pool): the reconciler's slow or stuck requests never delay a renewal.
+        elector = LeaseElector(_api_client(args.kubeconfig), args.lease_namespace, args.lease_name)
         # A standby is alive too: answer the liveness probe while waiting, or the kubelet would restart it
         # forever. kopf serves the same endpoint once this replica leads.
         standby = await _standby_liveness(args.liveness) if args.liveness else None
@@ -94,12 +96,7 @@ async def _run(args: argparse.Namespace) -> int:
                 await standby.cleanup()
 
     controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url)
-    try:
-        from flashserve.controller.autoscale import Autoscaler
-    except ImportError:
-        Autoscaler = None  # type: ignore[assignment,misc]
-    if Autoscaler is not None:
-        controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url)
+    controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url)
     if args.metrics_address:
         from flashserve.controller.metrics import serve_metrics
 
