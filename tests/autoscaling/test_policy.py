@@ -45,6 +45,24 @@ def test_starting_replicas_count_as_capacity():
     assert d.reason == P.HOLD_STARTING and d.sla_state == P.SLA_BREACHED
 
 
+def test_overload_demand_at_sla_counts_the_backlog_at_the_sla_speed():
+    # 2 ready replicas, 2.5 x CAP running per replica: users far below target. By default the whole shortfall
+    # (5 replicas and the queue: 6) is ordered; with overload_demand_at_sla the running requests count at speed / SLA (Little's
+    # law: at the SLA speed the same arrivals keep fewer requests in the engines), the queue as it is.
+    counts = ReplicaCounts(desired=2, ready=2)
+    running, waiting = 5 * CAP - 10, 30.0
+    d = run(0.0, running, counts, waiting=waiting)
+    speed = d.readings["speedAtPercentile"]
+    assert speed < 0.9 * CFG.sla_tokens_per_s and d.desired == 6
+    cfg = replace(CFG, overload_demand_at_sla=True)
+    d = run(0.0, running, counts, cfg=cfg, waiting=waiting)
+    assert d.readings["demand"] == pytest.approx(running * speed / cfg.sla_tokens_per_s + waiting, rel=1e-3)
+    assert d.desired == math.ceil(d.readings["demand"] / d.capacity) < 5 and d.reason == P.SLA_BREACH
+    # users at or above target: nothing changes
+    d = run(0.0, 1.5 * CAP, counts, cfg=cfg)
+    assert d.readings["demand"] == pytest.approx(1.5 * CAP)
+
+
 def test_predicted_risk_scales_up_before_a_breach_once_confirmed():
     # Demand has just jumped (the running gauge shows it) but the speed window was taken at the old load:
     # users are still fine, yet 2 replicas cannot serve what is running now. A prediction must hold for two
