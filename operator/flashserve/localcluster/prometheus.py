@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -69,11 +70,23 @@ def ready(port: int, timeout: float = 2.0) -> bool:
         return False
 
 
+def _serves(port: int, layout: Layout) -> bool:
+    """Whether the Prometheus answering on `port` runs with this cluster's configuration file."""
+    try:
+        with _LOCAL.open(url(port) + "/api/v1/status/flags", timeout=2.0) as resp:
+            flags = json.load(resp).get("data") or {}
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return flags.get("config.file") == str(layout.prometheus_config)
+
+
 def ensure(layout: Layout, binary: Path, port: int, log=print) -> str:
     """Start Prometheus, or keep the running one (reloading its config). Port 0 picks a free port."""
     layout.file_sd.mkdir(parents=True, exist_ok=True)
     layout.prometheus_data.mkdir(parents=True, exist_ok=True)
     current = running_port(layout)
+    if current is None and port and _serves(port, layout):
+        current = port  # ours, though its pid file does not say so (e.g. rewritten by a concurrent start)
     if current is not None and port in (0, current):
         changed = _write_config(layout, current)
         if ready(current):
@@ -96,9 +109,10 @@ def ensure(layout: Layout, binary: Path, port: int, log=print) -> str:
         if not problem:
             log(f"prometheus: started at {url(chosen)}")
             return url(chosen)
-        stop(layout)
         if attempt + 1 < attempts:
+            stop(layout)
             log(f"prometheus: {problem} on port {chosen}; trying another port")
+        # Otherwise it is left running: one still replaying its WAL is reused by the next `ensure`.
     log_file = layout.logs / "prometheus.log"
     raise PrometheusError(f"prometheus {problem}; see {log_file}, which ends:\n{_log_tail(log_file)}")
 
@@ -114,15 +128,18 @@ def _start(layout: Layout, binary: Path, port: int) -> str:
         f"--web.listen-address=127.0.0.1:{port}",
         "--web.enable-lifecycle",
     ]
-    procs.start(args, pid_file(layout), layout.logs / "prometheus.log")
-    deadline = time.monotonic() + 60
+    pid = procs.start(args, pid_file(layout), layout.logs / "prometheus.log")
+    # Generous: on a busy machine replaying the write-ahead log of a restarted Prometheus takes a while.
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if ready(port):
             return ""
-        if running_port(layout) is None:
-            return "exited during start-up"
+        # Our own child, by pid: not through the pid file and command line that `running_port` checks for
+        # processes started by earlier commands.
+        if not procs.alive(pid):
+            return f"(pid {pid}) exited during start-up"
         time.sleep(0.3)
-    return f"did not answer {url(port)}/-/ready within 60 s"
+    return f"did not answer {url(port)}/-/ready within 120 s"
 
 
 def _log_tail(log_file: Path, lines: int = 15) -> str:
