@@ -158,7 +158,7 @@ def fuzz_log() -> dict:
     return {"rejected": 0, "accepted": [], "n": 0}
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 @given(spec=specs)
 def test_fuzzed_crs_are_rejected_with_a_field_or_accepted(kubectl, namespace, crd_installed, fuzz_log, spec):
@@ -176,7 +176,7 @@ def test_fuzzed_crs_are_rejected_with_a_field_or_accepted(kubectl, namespace, cr
 def test_fuzzed_crs_that_passed_admission_are_served_or_reported(operator, kubectl, namespace, fuzz_log):  # noqa: F811
     """Replays the accepted fuzz cases into this test's namespace, with the operator running: each one ends
     Ready or InvalidSpec (never silently ignored), and the operator neither crashes nor loops hot."""
-    assert fuzz_log["n"] >= 40, "run with the fuzz test before it"
+    assert fuzz_log["n"] >= 100, "run with the fuzz test before it"
     cases = [
         {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": f"fz{i:03d}"},
          "spec": {**spec, "replicas": min(int(spec.get("replicas", 1)), 1)}}
