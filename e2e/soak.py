@@ -144,7 +144,7 @@ def plot(figures: dict, path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     ax1.plot([t / 60 for t, _ in series["rss_mib"]], [v for _, v in series["rss_mib"]], color="tab:purple")
     ax1.set_ylabel("operator RSS (MiB)")
-    ax1.set_ylim(bottom=0)
+    ax1.set_ylim(0, max((v for _, v in series["rss_mib"]), default=1.0) * 1.3)
     ax1.set_title(f"Soak: {figures['minutes']:g} min of varying load; RSS trend "
                   f"{figures['operator_rss_trend_mib_per_hour']:+g} MiB/h, evaluations "
                   f"{figures['evaluations']}/{figures['evaluations_expected']}")  # fmt: skip
