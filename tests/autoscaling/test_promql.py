@@ -105,13 +105,7 @@ def test_per_step_reading_stands_in_when_too_few_requests_finished(tpot):
 
 def test_per_step_itl_is_scaled_by_tokens_per_step():
     # MTP: 1.8 tokens per step. 6400 tok/s, 100 new requests/s, (6400-100)/1.8 = 3500 steps/s.
-    raw = {
-        "sample_age": 3.0, "running": 64.0, "waiting": 0.0, "running_avg": 64.0,
-        "generation_tokens_rate": 6400.0, "first_tokens_rate": 100.0, "itl_steps_rate": 3500.0,
-        "itl_at_percentile": 0.018, "itl_p50": 0.015, "kv_usage_avg": 0.4, "kv_usage_max": 0.5,
-        "ttft_at_percentile": 0.8, "replicas_reporting": 1.0,
-    }  # fmt: skip
-    snap = assemble(raw, stamp=1000.0, window_s=60.0, percentile=90.0)  # no TPOT histogram: the fallback
+    snap = assemble(RAW, stamp=1000.0, window_s=60.0, percentile=90.0)  # no TPOT histogram: the fallback
     assert snap.tokens_per_step == pytest.approx(1.8) and snap.speed_source == "steps"
     assert snap.speed_at_percentile == pytest.approx(100.0)  # 1.8 / 0.018, not 1 / 0.018 = 55
     assert snap.speed_p50 == pytest.approx(120.0)

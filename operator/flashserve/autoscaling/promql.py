@@ -74,9 +74,6 @@ class Queries:
     def _quantile(self, metric: str, q: float) -> str:
         return f"histogram_quantile({q:g}, sum by (le) (rate({metric}_bucket{{{self.sel}}}[{self.w}])))"
 
-    def _itl_quantile(self, q: float) -> str:
-        return self._quantile(ITL, q)
-
     @property
     def tpot_at_percentile(self) -> str:
         """Time per output token (seconds, one observation per finished request) that `percentile`% of the
@@ -99,12 +96,12 @@ class Queries:
     def itl_at_percentile(self) -> str:
         """ITL (seconds per step) that `percentile`% of decode steps stay within; the fallback speed reading
         is tokens_per_step / this. Needs ITL buckets around tokens_per_step/SLA (the renderer adds them)."""
-        return self._itl_quantile(self.percentile / 100.0)
+        return self._quantile(ITL, self.percentile / 100.0)
 
     @property
     def itl_p50(self) -> str:
         """Median ITL; the fallback median speed reading = tokens_per_step / this."""
-        return self._itl_quantile(0.5)
+        return self._quantile(ITL, 0.5)
 
     @property
     def itl_steps_rate(self) -> str:

@@ -42,6 +42,10 @@ RECENT_WRITE_S = 10.0
 log = logging.getLogger(__name__)
 
 
+def _digest(obj: dict) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -71,33 +75,25 @@ class Controller:
         """A serving is gone: a new one of the same name starts from its own (empty) status."""
         self._status.pop((namespace, name), None)
 
-    def _fresh(self, key: tuple[str, str, str], what: str, now: float) -> bool:
+    def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
+        """False for a write identical to one made in the last RECENT_WRITE_S; otherwise record it."""
         prev = self._recent.get(key)
-        return prev is not None and prev[0] == what and now - prev[1] < RECENT_WRITE_S
+        if prev is not None and prev[0] == what and now - prev[1] < RECENT_WRITE_S:
+            return False
+        self._recent[key] = (what, now)
+        return True
 
     def _skip_repeats(self, namespace: str, p: Plan) -> None:
         """Drop writes identical to ones made moments ago (the watch has not shown them yet)."""
         now = time.monotonic()
-        keep = []
-        for o in p.apply:
-            key = (o["kind"], namespace, o["metadata"]["name"])
-            what = hashlib.sha256(json.dumps(o, sort_keys=True).encode()).hexdigest()
-            if not self._fresh(key, what, now):
-                keep.append(o)
-                self._recent[key] = (what, now)
-        p.apply = keep
-        applied_groups = {o["metadata"]["labels"].get(GROUP_LABEL) for o in keep if o["kind"] == "StatefulSet"}
+        p.apply = [o for o in p.apply if self._first((o["kind"], namespace, o["metadata"]["name"]), _digest(o), now)]
+        applied_groups = {o["metadata"]["labels"].get(GROUP_LABEL) for o in p.apply if o["kind"] == "StatefulSet"}
         p.created_groups = [g for g in p.created_groups if str(g) in applied_groups]
         p.rolling = [g for g in p.rolling if str(g) in applied_groups]
-        p.restored = [r for r in p.restored if any(f"{o['kind']}/{o['metadata']['name']}" == r for o in keep)]
-        pods = [n for n in p.delete_pods if not self._fresh(("Pod", namespace, n), "delete", now)]
-        for n in pods:
-            self._recent[("Pod", namespace, n)] = ("delete", now)
-        p.delete_pods = pods
-        deletes = [(k, n) for k, n in p.delete if not self._fresh((k, namespace, n), "delete", now)]
-        for k, n in deletes:
-            self._recent[(k, namespace, n)] = ("delete", now)
-        p.delete = deletes
+        applied = {f"{o['kind']}/{o['metadata']['name']}" for o in p.apply}
+        p.restored = [r for r in p.restored if r in applied]
+        p.delete_pods = [n for n in p.delete_pods if self._first(("Pod", namespace, n), "delete", now)]
+        p.delete = [(k, n) for k, n in p.delete if self._first((k, namespace, n), "delete", now)]
         if len(self._recent) > 10000:  # forget old entries so memory stays flat
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
