@@ -2,7 +2,8 @@
 
 Runs on a local cluster of its own (engines make pods Ready, as the mock runtime does), with the demo-scale
 engine profile so a 2-core machine serves the load in real time. Times are short versions of production
-settings: 5 s evaluations, 30 s metric windows, 30 s scale-down delay, replicas loading in ~15 s.
+settings: 5 s evaluations, 30 s metric windows, 30 s scale-down delay, a 40 s peak window, replicas loading
+in ~15 s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from flashserve.demo import Stack, Timeline, demo_serving
 
 EVAL_S = 5
 DOWN_DELAY_S = 30
+PEAK_WINDOW_S = 40  # the recent peak holds the fleet this long after the load drops (then the delay runs)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def stack(tmp_path_factory):
 
 def serving(name: str, **auto) -> dict:
     return demo_serving(name, evaluationIntervalSeconds=EVAL_S, metricsWindowSeconds=30,
-                        scaleDown={"delaySeconds": DOWN_DELAY_S}, **auto)  # fmt: skip
+                        scaleDown={"delaySeconds": DOWN_DELAY_S, "peakWindowSeconds": PEAK_WINDOW_S}, **auto)  # fmt: skip
 
 
 def _load_in_thread(stack: Stack, name: str, schedule: str) -> tuple[threading.Thread, dict]:
@@ -93,6 +95,8 @@ def test_scale_up_on_breach_recovers_and_steps_down_after_the_delay(stack):
     downs = [(b["t"], a["desired"], b["desired"]) for a, b in zip(after, after[1:]) if b["desired"] < a["desired"]]
     assert downs, f"no scale-down within the window after the load dropped: {[r['desired'] for r in after]}"
     assert downs[0][0] - drop_at >= DOWN_DELAY_S - 2, f"first step down {downs[0][0] - drop_at:.0f}s after the drop"
+    # ... counted from when the hold's peak left the peak window (its last bucket started before the drop)
+    assert downs[0][0] - drop_at >= DOWN_DELAY_S + PEAK_WINDOW_S * 7 / 8 - 3, f"first step down {downs[0][0] - drop_at:.0f}s after the drop"
     assert all(frm - to == 1 for _, frm, to in downs), downs
 
 

@@ -50,7 +50,8 @@ def demo_serving(name: str = "flash", **autoscaling: object) -> dict:
     auto = {
         "enabled": True, "minReplicas": 1, "maxReplicas": 8, "metricsWindowSeconds": 30,
         "sla": {"perUserTokensPerSecond": 100, "percentile": 90},
-        "evaluationIntervalSeconds": 5, "replicaStartupSeconds": 30, "scaleDown": {"delaySeconds": 45},
+        "evaluationIntervalSeconds": 5, "replicaStartupSeconds": 30,
+        "scaleDown": {"delaySeconds": 45, "peakWindowSeconds": 60},
         "initialCapacity": 8, "gpuHourlyCost": GPU_HOURLY_COST,
     }  # fmt: skip
     auto.update(autoscaling)

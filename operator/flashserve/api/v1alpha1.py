@@ -287,6 +287,10 @@ class ScaleDownSpec(_Model):
     that took that long to start is not given up for less)."""
     step: int = Field(1, ge=1, le=100)
     """Replicas removed per step."""
+    peak_window_seconds: int | None = Field(None, ge=0, le=604800)
+    """Never release below what the highest demand of this recent past needed: a burst shorter than a start-up
+    is only served by replicas that are already there, and the last bursts predict the next. Unset uses four
+    times replicaStartupSeconds; 0 releases down to the demand of the moment."""
 
 
 class AutoscalingSpec(_Model):

@@ -11,9 +11,13 @@ In short (docs/autoscaling.md has the long form):
   the KV cache rather than speed is the limit;
 * up: when demand exceeds what the replicas already ordered (ready + starting) serve at the SLA, or the SLA
   is observed breached, order the whole shortfall in one go;
+* up in deep overload (users far below the SLA, concurrency beyond the learned capacity): sized on the
+  learned capacity, not on a line through the overloaded window (1/speed bends up past capacity);
 * down: one step at a time, only when the replicas left would run at <= 80% of capacity, and only after the
   surplus has lasted scaleDown.delaySeconds (the start-up time by default: a replica is not given up for
   less than it costs to get back - the ski-rental rule); then one step per settle time while it lasts;
+  never below what the highest demand of the last four start-up times needed (peak.py: a burst shorter than
+  a start-up is only served by replicas that are already there);
 * no fresh metrics, or no ready replica: hold (only min/max are enforced); pending pods: add nothing more.
 """
 
@@ -30,6 +34,7 @@ from flashserve.autoscaling.capacity import (
     capacity_through,
     clamp_capacity,
 )
+from flashserve.autoscaling.peak import PeakMemory
 from flashserve.autoscaling.snapshot import MetricsSnapshot
 from flashserve.autoscaling.trend import DemandTrend
 
@@ -127,6 +132,9 @@ class PolicyConfig:
     the bursty scenarios at about the same attainment) and wrong for users who send the next request the
     moment the last ends (their number does not shrink): then each breach orders only speed/SLA of the
     shortfall, and the rest a start-up time later."""
+    peak_memory_s: float | None = None
+    """How long the highest recent demand keeps the replicas it needs (peak.py); None: 4 x replica_startup_s,
+    0: release down to the demand of the moment."""
     trend_horizon_s: float | None = None
     """How far ahead a rising demand trend is projected when sizing the fleet; None: replica_startup_s (what
     is ordered now serves from then on), 0: no projection."""
@@ -146,6 +154,11 @@ class PolicyConfig:
                 float(spec.scale_down.delay_seconds) if spec.scale_down.delay_seconds is not None else None
             ),
             "scale_down_step": spec.scale_down.step,
+            "peak_memory_s": (
+                float(spec.scale_down.peak_window_seconds)
+                if spec.scale_down.peak_window_seconds is not None
+                else None
+            ),
             "mode": spec.mode,
         }
         values.update(overrides)
@@ -170,6 +183,10 @@ class PolicyConfig:
     def breach_confirm_s(self) -> float:
         """How long a breach the model does not explain must last before it alone adds a replica."""
         return max(2.0 * self.evaluation_interval_s, 30.0)
+
+    @property
+    def peak_window_s(self) -> float:
+        return 4.0 * self.replica_startup_s if self.peak_memory_s is None else self.peak_memory_s
 
     @property
     def horizon_s(self) -> float:
@@ -211,6 +228,7 @@ class PolicyState:
 
     capacity: CapacityModel = field(default_factory=CapacityModel)
     demand: DemandTrend = field(default_factory=DemandTrend)
+    peaks: PeakMemory = field(default_factory=PeakMemory)
     last_desired: int | None = None
     """The value this autoscaler last set, in Active mode; a different spec.replicas is an outside edit."""
     last_change_at: float | None = None
@@ -227,6 +245,8 @@ class PolicyState:
 
     def to_dict(self) -> dict:
         out: dict = {"capacity": self.capacity.to_dict(), "demand": self.demand.to_dict()}
+        if self.peaks.buckets:
+            out["peaks"] = self.peaks.to_dict()
         for key in ("last_desired", "last_change_at", "surplus_since", "breach_since", "at_risk_since",
                     "at_risk_want", "ready", "ready_changed_at"):  # fmt: skip
             value = getattr(self, key)
@@ -255,6 +275,7 @@ class PolicyState:
         return cls(
             capacity=CapacityModel.from_dict(data.get("capacity")),
             demand=DemandTrend.from_dict(data.get("demand")),
+            peaks=PeakMemory.from_dict(data.get("peaks")),
             last_desired=num("last_desired", int),
             last_change_at=num("last_change_at"),
             last_direction=int(num("last_direction", int) or 0),
@@ -417,7 +438,17 @@ def _decide_on_metrics(
 
     # ---- capacity: learned speed curve, then memory and admission limits
     model = state.capacity
-    if window_clean and speed is not None and conc > 0:
+    # Deep overload: a severe breach at a concurrency beyond the capacity learned so far. Past capacity the
+    # engine queues and preempts and 1/speed bends up steeply, so such a window says the fleet is short but
+    # not by how much: a line through its point does not size the scale-up (cap_local below), and while
+    # requests queue (the engines are at their admission limit: past the knee) it is not learned from
+    # either, since it would drag the fitted line's crossing of the SLA well below where it is (a burst's
+    # windows at 0.6x the SLA cut a fleet's learned capacity by a third for the next twenty minutes). Without
+    # a queue it is: a replica that is slow at any load must still teach the model the SLA is out of reach.
+    deep_overload = (
+        speed is not None and running > 0 and speed < SEVERE_BREACH * sla and conc > model.capacity(prior)
+    )
+    if window_clean and speed is not None and conc > 0 and not (deep_overload and waiting > 0):
         model = model.observe(now, conc, speed, cfg.capacity_memory_s)
     a, b = model.fit(prior)
     reachable = a < 1.0 / sla
@@ -443,7 +474,9 @@ def _decide_on_metrics(
     confirmed = breach_since is not None and now - breach_since >= cfg.breach_confirm_s
     severe = speed_breach and speed is not None and speed < SEVERE_BREACH * sla
     cap_local = None
-    if speed_breach and reachable and window_clean and (confirmed or severe):
+    # Not in deep overload: there 1/speed has bent up past the line, and a line through the window's point
+    # would put the capacity too low and order for a fleet the burst never needed.
+    if speed_breach and reachable and window_clean and (confirmed or severe) and not deep_overload:
         # The window's own verdict: if the learned line still claims room, trust what users see. Not on a
         # single marginal miss, though: near capacity, noise alone dips below the SLA now and then, and one
         # noisy point would size a whole scale-up.
@@ -461,6 +494,14 @@ def _decide_on_metrics(
     trend = state.demand.update(now, demand, cfg.stale_after_s)
     projected = trend.forecast(cfg.horizon_s) if trend.trend > 0 else None
     plan = max(demand, projected or 0.0)
+    # Remembered for releases: the requests being served, counted at the SLA speed when users are below it,
+    # plus the sessions between turns. Not the queue and not the trend: right after an overload both are the
+    # fleet's own backlog, which drains in a minute or two, and would hold a fleet sized for it for the whole
+    # window.
+    served_at_sla = running * min(1.0, speed / sla) if speed is not None and speed > 0 else running
+    sessions = (m.sessions_between_turns or 0.0) * cfg.session_weight
+    peaks = state.peaks.update(now, served_at_sla + sessions, cfg.peak_window_s)
+    recent_peak = peaks.peak(now, cfg.peak_window_s)
 
     want = math.ceil(plan / (cap * cfg.scale_up_utilization) - 1e-9) if plan > 0 else 0
     readings.update(
@@ -537,7 +578,12 @@ def _decide_on_metrics(
             message = f"{speed_txt}; {load_txt}; confirming the breach before sizing it"
     else:
         release_need = math.ceil(plan / (cap * cfg.scale_down_utilization) - 1e-9) if plan > 0 else 0
+        # The peak is held at what serving it needs (the scale-up line), not with the release hysteresis: it
+        # is already the maximum of a long window, there is no noise left to band against.
+        peak_need = math.ceil(recent_peak / (cap * cfg.scale_up_utilization) - 1e-9) if recent_peak > 0 else 0
+        release_need = max(release_need, peak_need)
         readings["requiredForRelease"] = release_need
+        readings["recentPeak"] = _r(recent_peak)
         candidate = max(base - cfg.scale_down_step, cfg.min_replicas, release_need)
         if candidate < base:
             surplus_since = surplus_since if surplus_since is not None else now
@@ -572,6 +618,7 @@ def _decide_on_metrics(
             state,
             capacity=model,
             demand=trend,
+            peaks=peaks,
             surplus_since=surplus_since,
             releasing=releasing,
             breach_since=breach_since,
