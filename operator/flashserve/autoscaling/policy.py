@@ -429,7 +429,8 @@ def _decide_on_metrics(
     served = running
     if cfg.overload_demand_at_sla and m.speed_at_percentile is not None and 0 < m.speed_at_percentile < sla:
         served = running * m.speed_at_percentile / sla
-    demand = served + waiting + (m.sessions_between_turns or 0.0) * cfg.session_weight
+    sessions = (m.sessions_between_turns or 0.0) * cfg.session_weight
+    demand = served + waiting + sessions
     # Concurrency per replica over the window the speed was measured in; only ready replicas get traffic.
     conc = (m.running_avg if m.running_avg is not None else running) / reps.ready
     conc_now = running / reps.ready
@@ -499,7 +500,6 @@ def _decide_on_metrics(
     # fleet's own backlog, which drains in a minute or two, and would hold a fleet sized for it for the whole
     # window.
     served_at_sla = running * min(1.0, speed / sla) if speed is not None and speed > 0 else running
-    sessions = (m.sessions_between_turns or 0.0) * cfg.session_weight
     peaks = state.peaks.update(now, served_at_sla + sessions, cfg.peak_window_s)
     recent_peak = peaks.peak(now, cfg.peak_window_s)
 
