@@ -82,18 +82,45 @@ def test_deep_overload_is_sized_on_the_learned_capacity():
     assert local < P.LOCAL_OVERRIDE * d.capacity and math.ceil(d.readings["demand"] / local) > d.desired
 
 
-def test_deep_overload_with_a_queue_is_not_learned_from():
-    # With requests queued the engines are at their admission limit, past the knee of the curve: such a
-    # window would pull the learned capacity far down for the next twenty minutes. Without a queue the same
-    # window is learned from (a replica slow at any load must still teach the model the SLA is out of reach).
+def test_deep_overload_is_not_learned_from():
+    # Past the knee of the curve (far below the SLA at a concurrency beyond the learned capacity), queue or
+    # not, a window would pull the learned capacity far down for the next twenty minutes.
     state = _trained(capacity=CAP, until=2400.0)
     counts = ReplicaCounts(desired=2, ready=2)
     bent = lambda c: 30.0  # noqa: E731
     queued = run(2400.0, 5 * CAP, counts, state=state, speed=bent, waiting=20.0)
     assert queued.state.capacity == state.capacity
     unqueued = run(2400.0, 5 * CAP, counts, state=state, speed=bent)
-    assert unqueued.state.capacity.n == state.capacity.n + 1
-    assert unqueued.state.capacity.capacity(CFG.prior()) < 0.8 * state.capacity.capacity(CFG.prior())
+    assert unqueued.state.capacity == state.capacity
+    assert unqueued.reason == P.SLA_BREACH  # not learned from, still acted on
+    # The same slowness within the learned capacity is learned from: a replica slow at any load still teaches
+    # the model that the SLA is out of reach once the fleet has grown.
+    within = run(2400.0, CAP, counts, state=state, speed=bent)
+    assert within.state.capacity.n == state.capacity.n + 1
+    assert within.state.capacity.capacity(CFG.prior()) < state.capacity.capacity(CFG.prior())
+
+
+def test_overload_on_the_learned_line_is_learned_only_by_a_fleet_that_never_met_the_sla():
+    # Beyond capacity the truth bends up only gradually at first: windows still near the line, but past the
+    # knee, pull the fitted slope up and the capacity down. A fleet that met the SLA within the learning memory
+    # does not learn from them; one that never met it (slow at any load) must, or a first unlucky point
+    # could freeze the model below every concurrency it will ever see.
+    state = _trained(capacity=CAP, until=2400.0)
+    assert state.sla_met_at is not None and 2400.0 - state.sla_met_at <= CFG.capacity_memory_s
+    counts = ReplicaCounts(desired=2, ready=2)
+    a, b = state.capacity.fit(CFG.prior())
+    conc = 2.0 * CAP
+    on_line = 1.0 / (a + b * conc) * 0.98  # within 10% of the line, far below the SLA
+    assert on_line < P.SEVERE_BREACH * CFG.sla_tokens_per_s
+    d = run(2400.0, 2 * conc, counts, state=state, speed=lambda c: on_line)
+    assert d.state.capacity == state.capacity
+    never = replace(state, sla_met_at=None)
+    d = run(2400.0, 2 * conc, counts, state=never, speed=lambda c: on_line)
+    assert d.state.capacity.n == state.capacity.n + 1
+    # the memory of meeting it fades with the learning memory
+    stale = replace(state, sla_met_at=2400.0 - CFG.capacity_memory_s - 15.0)
+    d = run(2400.0, 2 * conc, counts, state=stale, speed=lambda c: on_line)
+    assert d.state.capacity.n == state.capacity.n + 1
 
 
 def test_predicted_risk_scales_up_before_a_breach_once_confirmed():
@@ -446,6 +473,8 @@ def test_state_round_trips_through_a_small_dict():
     assert again == PolicyState.from_dict(data)
     assert again.capacity.capacity(CFG.prior()) == pytest.approx(state.capacity.capacity(CFG.prior()), rel=1e-6)
     assert again.last_desired == state.last_desired and again.breach_since == state.breach_since
+    met = run(600.0, CAP, counts, state=state).state
+    assert met.sla_met_at == 600.0 and PolicyState.from_dict(json.loads(json.dumps(met.to_dict()))).sla_met_at == 600.0
 
 
 @pytest.mark.parametrize("junk", [None, "x", {"capacity": "?", "lastDesired": "many", "surplusSince": "nan"}])

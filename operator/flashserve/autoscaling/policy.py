@@ -11,8 +11,9 @@ In short (docs/autoscaling.md has the long form):
   the KV cache rather than speed is the limit;
 * up: when demand exceeds what the replicas already ordered (ready + starting) serve at the SLA, or the SLA
   is observed breached, order the whole shortfall in one go;
-* up in deep overload (users far below the SLA, concurrency beyond the learned capacity): sized on the
-  learned capacity, not on a line through the overloaded window (1/speed bends up past capacity);
+* up in deep overload (users far below the SLA, concurrency beyond the learned capacity, well off the learned
+  line): sized on the learned capacity, not on a line through the overloaded window (1/speed bends up past
+  capacity), and not learned from;
 * down: one step at a time, only when the replicas left would run at <= 80% of capacity, and only after the
   surplus has lasted scaleDown.delaySeconds (the start-up time by default: a replica is not given up for
   less than it costs to get back - the ski-rental rule); then one step per settle time while it lasts;
@@ -242,13 +243,15 @@ class PolicyState:
     """Smallest replica count wanted since at_risk_since: a predicted shortfall is sized on it."""
     ready: int | None = None
     ready_changed_at: float | None = None
+    sla_met_at: float | None = None
+    """Last evaluation whose users were at or above the SLA: a fleet that met it is not slow at any load."""
 
     def to_dict(self) -> dict:
         out: dict = {"capacity": self.capacity.to_dict(), "demand": self.demand.to_dict()}
         if self.peaks.buckets:
             out["peaks"] = self.peaks.to_dict()
         for key in ("last_desired", "last_change_at", "surplus_since", "breach_since", "at_risk_since",
-                    "at_risk_want", "ready", "ready_changed_at"):  # fmt: skip
+                    "at_risk_want", "ready", "ready_changed_at", "sla_met_at"):  # fmt: skip
             value = getattr(self, key)
             if value is not None:
                 out[_camel(key)] = value
@@ -286,6 +289,7 @@ class PolicyState:
             at_risk_want=num("at_risk_want", int),
             ready=num("ready", int),
             ready_changed_at=num("ready_changed_at"),
+            sla_met_at=num("sla_met_at"),
         )
 
 
@@ -439,17 +443,26 @@ def _decide_on_metrics(
 
     # ---- capacity: learned speed curve, then memory and admission limits
     model = state.capacity
-    # Deep overload: a severe breach at a concurrency beyond the capacity learned so far. Past capacity the
-    # engine queues and preempts and 1/speed bends up steeply, so such a window says the fleet is short but
-    # not by how much: a line through its point does not size the scale-up (cap_local below), and while
-    # requests queue (the engines are at their admission limit: past the knee) it is not learned from
-    # either, since it would drag the fitted line's crossing of the SLA well below where it is (a burst's
-    # windows at 0.6x the SLA cut a fleet's learned capacity by a third for the next twenty minutes). Without
-    # a queue it is: a replica that is slow at any load must still teach the model the SLA is out of reach.
+    # Deep overload: a severe breach at a concurrency beyond the capacity learned so far, in a fleet that met
+    # the SLA within the learning memory or well below what the learned line says of that concurrency. Past
+    # capacity the engine queues and preempts and 1/speed bends up, so such a window says the fleet is short
+    # but not by how much: a line through its point does not size the scale-up (cap_local below), and it is
+    # not learned from either, queue or not: it would drag the fitted line's crossing of the SLA below where
+    # it is (a burst's windows at 0.6x the SLA cut a fleet's learned capacity by a fifth to a third for the
+    # next twenty minutes, and the fleet then held that many more replicas than the next burst needed). A
+    # replica that is slow at any load never meets the SLA and stays on its line: it is learned from, and
+    # the model finds out that the SLA is out of reach.
+    a0, b0 = model.fit(prior)
+    met_recently = state.sla_met_at is not None and now - state.sla_met_at <= cfg.capacity_memory_s
     deep_overload = (
-        speed is not None and running > 0 and speed < SEVERE_BREACH * sla and conc > model.capacity(prior)
+        speed is not None
+        and running > 0
+        and speed < SEVERE_BREACH * sla
+        and conc > clamp_capacity(capacity_from_line(a0, b0, sla), prior)
+        and (met_recently or speed * (a0 + b0 * conc) < SEVERE_BREACH)
     )
-    if window_clean and speed is not None and conc > 0 and not (deep_overload and waiting > 0):
+    sla_met_at = now if window_clean and speed is not None and speed >= sla and running > 0 else state.sla_met_at
+    if window_clean and speed is not None and conc > 0 and not deep_overload:
         model = model.observe(now, conc, speed, cfg.capacity_memory_s)
     a, b = model.fit(prior)
     reachable = a < 1.0 / sla
@@ -619,6 +632,7 @@ def _decide_on_metrics(
             capacity=model,
             demand=trend,
             peaks=peaks,
+            sla_met_at=sla_met_at,
             surplus_since=surplus_since,
             releasing=releasing,
             breach_since=breach_since,

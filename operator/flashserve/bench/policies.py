@@ -126,16 +126,16 @@ class PolicySpec:
         return f"{self.family}@{self.share:g}"
 
 
-_SHORT = {"percentile": "p", "scale_up_utilization": "u", "peak_memory_s": "peak"}
+_SHORT = {"percentile": "p", "scale_up_utilization": "u", "peak_startups": "peak"}
 
 
 FLASHSERVE_SWEEP = (("percentile", 75.0), ("percentile", 90.0), ("percentile", 99.0),
                     ("scale_up_utilization", 0.9), ("scale_up_utilization", 1.15),
-                    ("peak_memory_s", 0.0), ("peak_memory_s", 3360.0))  # fmt: skip
+                    ("peak_startups", 0.0), ("peak_startups", 2.0), ("peak_startups", 8.0))  # fmt: skip
 """The SLA percentile the policy holds (spec.autoscaling.sla.percentile: which quantile of the per-request
 time per output token it reads), scale_up_utilization (demand / (replicas x learned capacity) it sizes
-for) and the peak window (scaleDown.peakWindowSeconds: 0 = off, 3360 s = 8 x the profile's 7-minute
-start-up), one at a time from the benchmark's setting (p95, 1.0, 4 x start-up)."""
+for) and the peak window (scaleDown.peakWindowSeconds, in start-up times: 0 = off, 2, 8), one at a time from
+the benchmark's setting (p95, 1.0, 4 x start-up)."""
 
 
 def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float) -> Policy:
@@ -144,6 +144,8 @@ def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float) ->
     kv_cap = calib.at(calib.capacity_per_rank, "kv_usage")
     if fam == "flashserve":
         if var == "sweep":
+            if spec.param == "peak_startups":  # relative, so that it follows the start-up time
+                return FlashServe(calib, startup_s, name=spec.label, peak_memory_s=share * startup_s)
             return FlashServe(calib, startup_s, name=spec.label, **{spec.param: share})
         if var == "tuned":
             raise ValueError("flashserve is run at its defaults; sweep its knob instead")
