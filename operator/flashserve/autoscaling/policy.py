@@ -11,9 +11,9 @@ In short (docs/autoscaling.md has the long form):
   the KV cache rather than speed is the limit;
 * up: when demand exceeds what the replicas already ordered (ready + starting) serve at the SLA, or the SLA
   is observed breached, order the whole shortfall in one go;
-* up in deep overload (users far below the SLA, concurrency beyond the learned capacity, well off the learned
-  line): sized on the learned capacity, not on a line through the overloaded window (1/speed bends up past
-  capacity), and not learned from;
+* up in deep overload (users far below the SLA, concurrency beyond the learned capacity): sized on the
+  learned capacity, not on a line through the overloaded window (1/speed bends up past capacity), and not
+  learned from (unless the fleet never met the SLA and the window lies on the learned line: slow at any load);
 * down: one step at a time, only when the replicas left would run at <= 80% of capacity, and only after the
   surplus has lasted scaleDown.delaySeconds (the start-up time by default: a replica is not given up for
   less than it costs to get back - the ski-rental rule); then one step per settle time while it lasts;
