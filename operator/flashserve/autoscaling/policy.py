@@ -458,7 +458,7 @@ def _decide_on_metrics(
         speed is not None
         and running > 0
         and speed < SEVERE_BREACH * sla
-        and conc > clamp_capacity(capacity_from_line(a0, b0, sla), prior)
+        and conc > model.capacity(prior)
         and (met_recently or speed * (a0 + b0 * conc) < SEVERE_BREACH)
     )
     sla_met_at = now if window_clean and speed is not None and speed >= sla and running > 0 else state.sla_met_at
