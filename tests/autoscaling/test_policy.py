@@ -293,6 +293,42 @@ def test_release_keeps_what_the_recent_peak_needed():
     assert first is not None and first <= 240 + off.down_delay_s + 2 * off.evaluation_interval_s
 
 
+def _crowd_then_recovery(cfg):
+    """2 replicas meet a crowd: 4 x CAP running and 5 x CAP queued (a stock that slow service swells) order
+    far more than the 3.5 x CAP users need once served at the SLA. Returns the scale-up and every release."""
+    state = _trained(capacity=CAP, until=600.0)
+    counts, t, ups, downs = ReplicaCounts(desired=2, ready=2), 600.0, [], []
+    while t < 600.0 + 3 * cfg.replica_startup_s:
+        ready = counts.desired if t >= 600.0 + cfg.replica_startup_s else 2
+        overload = ready == 2
+        d = run(t, 4 * CAP if overload else 3.5 * CAP, replace(counts, ready=ready, starting=counts.desired - ready),
+                cfg=cfg, state=state, waiting=5 * CAP if overload else 0.0)
+        state = d.state
+        if d.apply:
+            (ups if d.desired > d.current else downs).append((t, d.current, d.desired, d.readings))
+            counts = ReplicaCounts(desired=d.desired, ready=min(ready, d.desired))
+        t += cfg.evaluation_interval_s
+    return ups, downs
+
+
+def test_the_first_release_after_a_scale_up_takes_the_whole_surplus():
+    ups, downs = _crowd_then_recovery(CFG)
+    ordered = ups[-1][2]
+    assert ordered >= 9  # sized on running + waiting
+    # After the delay, the replicas the users never needed go in one step, down to what demand and the recent
+    # peak (the crowd, counted at the SLA speed) need; nothing more is released while that peak is remembered.
+    t, frm, to, readings = downs[0]
+    assert frm == ordered and to == readings["requiredForRelease"] == math.ceil(3.5 * CAP / (0.8 * CAP))
+    assert t >= 600.0 + CFG.replica_startup_s + CFG.down_delay_s
+    assert len(downs) == 1
+    # with scaleDown.step set, one group per settle time, as the user asked
+    ups1, downs1 = _crowd_then_recovery(replace(CFG, scale_down_step=1))
+    assert ups1[-1][2] == ordered
+    assert [(frm, to) for _, frm, to, _ in downs1[:3]] == [(ordered, ordered - 1), (ordered - 1, ordered - 2),
+                                                           (ordered - 2, ordered - 3)]  # fmt: skip
+    assert downs1[0][0] == t
+
+
 def test_surplus_timer_restarts_when_the_surplus_goes_away():
     cfg = replace(CFG, peak_memory_s=0.0)  # the load coming back would otherwise hold the fleet (test above)
     counts = ReplicaCounts(desired=4, ready=4)
@@ -520,11 +556,20 @@ def test_closed_loop_step_up_then_down():
     # The SLA recovers once the new replicas are ready (start-up 300 s).
     assert fleet.attainment(1200.0, 1500.0) < 0.1
     assert fleet.attainment(1500.0, 3000.0) == 1.0
-    # Down: only after the delay, one step at a time, back to what 240 users need.
+    # Down: only after the delay (and the peak memory), back to what 240 users need. The first release after
+    # a scale-up takes the whole surplus in one step.
     assert downs and downs[0][0] >= 3000 + cfg.down_delay_s
-    assert all(frm - to == 1 for _, frm, to in downs)
+    assert [(frm, to) for _, frm, to in downs] == [(6, 2)]
     assert len(fleet.ready_at) == 2
     assert fleet.direction_changes() == 1
+    assert fleet.attainment(3000.0, 5400.0) == 1.0
+    # An explicit scaleDown.step is honoured as is: one group per settle time.
+    stepwise = Fleet.steady(replace(cfg, scale_down_step=1), capacity=160.0, replicas=2)
+    stepwise.run(0.0, 5400.0, demand, seed=2)
+    downs1 = [c for c in stepwise.changes() if c[2] < c[1]]
+    assert [(frm, to) for _, frm, to in downs1] == [(6, 5), (5, 4), (4, 3), (3, 2)]
+    assert downs1[0][0] == downs[0][0]
+    assert all(b[0] - a[0] >= cfg.settle_s for a, b in zip(downs1, downs1[1:]))
 
 
 def test_recurring_bursts_shorter_than_a_start_up_are_served_from_the_peak_memory():

@@ -285,8 +285,10 @@ class ScaleDownSpec(_Model):
     delay_seconds: int | None = Field(None, ge=0, le=86400)
     """How long a surplus must last before removing a replica; unset uses replicaStartupSeconds (a replica
     that took that long to start is not given up for less)."""
-    step: int = Field(1, ge=1, le=100)
-    """Replicas removed per step."""
+    step: int | None = Field(None, ge=1, le=100)
+    """Replicas removed per step. Unset: one, except the first release after a scale-up, which removes the
+    whole surplus (a scale-up in overload is sized on a backlog that slow service swells and can buy twice
+    what the users need at the SLA); the recent peak and the delay still apply."""
     peak_window_seconds: int | None = Field(None, ge=0, le=604800)
     """Never release below what the highest demand of this recent past needed: a burst shorter than a start-up
     is only served by replicas that are already there, and the last bursts predict the next. Unset uses four

@@ -17,6 +17,8 @@ In short (docs/autoscaling.md has the long form):
 * down: one step at a time, only when the replicas left would run at <= 80% of capacity, and only after the
   surplus has lasted scaleDown.delaySeconds (the start-up time by default: a replica is not given up for
   less than it costs to get back - the ski-rental rule); then one step per settle time while it lasts;
+  the first release after a scale-up takes the whole surplus at once (a scale-up in overload is sized on a
+  backlog and can overshoot); an explicit scaleDown.step is honoured as is;
   never below what the highest demand of the last four start-up times needed (peak.py: a burst shorter than
   a start-up is only served by replicas that are already there);
 * no fresh metrics, or no ready replica: hold (only min/max are enforced); pending pods: add nothing more.
@@ -99,7 +101,9 @@ class PolicyConfig:
     scale_up_stabilization_s: float = 0.0
     scale_down_delay_s: float | None = None
     """None: replica_startup_s."""
-    scale_down_step: int = 1
+    scale_down_step: int | None = None
+    """Groups released per step; None: one, except the first release after a scale-up, which takes the whole
+    surplus (the replicas a backlog-sized order bought beyond what demand and the recent peak need)."""
     mode: str = ACTIVE
     prior_capacity: float = 200.0
     """Concurrent users per replica at the SLA before any is learned. The engine model of the default profile
@@ -597,7 +601,14 @@ def _decide_on_metrics(
         release_need = max(release_need, peak_need)
         readings["requiredForRelease"] = release_need
         readings["recentPeak"] = _r(recent_peak)
-        candidate = max(base - cfg.scale_down_step, cfg.min_replicas, release_need)
+        candidate = max(base - (cfg.scale_down_step or 1), cfg.min_replicas, release_need)
+        if cfg.scale_down_step is None and state.last_direction > 0 and not releasing:
+            # The first release since the fleet last grew. A scale-up in overload is sized on running + waiting
+            # requests, a stock that slow service swells (each request stays longer, and the queue holds what
+            # the engines cannot admit), so it can buy twice what the same users need at the SLA. Once the
+            # surplus has lasted the delay, with the peak memory still holding what the recent peak needed,
+            # the replicas beyond that were never needed: they go in one step, not one per settle time.
+            candidate = max(cfg.min_replicas, release_need)
         if candidate < base:
             surplus_since = surplus_since if surplus_since is not None else now
             wait = cfg.settle_s if releasing else cfg.down_delay_s
