@@ -59,6 +59,15 @@ class Calibration:
     def capacity_per_replica(self) -> float:
         return self.capacity_per_rank * self.engines_per_replica
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        """Read back the calibration.json a benchmark run wrote (raises TypeError/KeyError when it is not one)."""
+        d = {k: v for k, v in data.items() if k != "capacity_per_replica"}
+        d["points"] = tuple(Point(**p) for p in d["points"])
+        if "nominal" in d:
+            d["nominal"] = Nominal(**d["nominal"])
+        return cls(**d)
+
     def at(self, concurrency: float, attr: str) -> float:
         """Linear interpolation of a measured quantity in concurrency (per engine)."""
         pts = self.points

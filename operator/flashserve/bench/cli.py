@@ -2,6 +2,7 @@
 
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
+    flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2]
     flashserve bench trace OUT.jsonl [--minutes 60] [--sessions-per-s 0.5] [--seed 0]
 """
@@ -18,6 +19,7 @@ USAGE = """usage: flashserve bench COMMAND [ARGS...]
 
 commands:
   autoscale  compare autoscalers on simulated agentic traffic (table, CSV, JSON, plots)
+  report     rebuild the table, JSON and plots from saved runs (later files replace reruns)
   speed      time a simulated day for one policy
   trace      write a synthetic agentic Mooncake-format trace"""
 
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "autoscale":
         return autoscale(rest)
+    if cmd == "report":
+        return report_cmd(rest)
     if cmd == "speed":
         return speed(rest)
     if cmd == "trace":
@@ -253,6 +257,68 @@ def _write_markdown(path: Path, recs, results, scenarios, seeds, calib, settings
             lines += ["", f"GPU-hours / oracle each family needs to match flashserve's attainment on the sweep's "
                           f"seed (its settings and knob sweep; 'not reached': none of them does): {cells}"]  # fmt: skip
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def report_cmd(argv: list[str]) -> int:
+    from flashserve.bench import report
+    from flashserve.bench.calibrate import Calibration
+    from flashserve.bench.measures import GPU_HOUR_PRICE_USD
+    from flashserve.bench.sim import Settings
+    from flashserve.bench.workloads import QUICK_SCENARIO, SCENARIOS, Scenario
+    from flashserve.engine.profile import load as load_profile
+
+    p = argparse.ArgumentParser(
+        prog="flashserve bench report",
+        description="rebuild results.{csv,json}, table.md and the plots from the per-run CSVs of earlier "
+        "`flashserve bench autoscale` runs; a run in a later file replaces the same run (policy, scenario, "
+        "seed, setting) of an earlier one, so one policy can be rerun without rerunning the others",
+    )
+    p.add_argument("csv", nargs="+", metavar="RUNS.csv")
+    p.add_argument("--out", metavar="DIR", required=True)
+    p.add_argument("--calibration", metavar="PATH",
+                   help="calibration.json of the runs (default: DIR/calibration.json)")  # fmt: skip
+    p.add_argument("--profile", default=None, help="engine profile of the runs (default gb200-4gpu)")
+    p.add_argument("--sla", type=float, default=100.0, help="per-user tokens/s target of the runs (default 100)")
+    p.add_argument("--gpu-hour-price", type=float, default=None, help="USD per GPU-hour of the runs (default 2.30)")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    calib_path = Path(args.calibration) if args.calibration else out / "calibration.json"
+    try:
+        batches = [report.read_csv(path) for path in args.csv]
+        try:
+            calib = Calibration.from_dict(json.loads(calib_path.read_text(encoding="utf-8")))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{calib_path}: not a benchmark calibration.json ({exc})") from None
+        profile = load_profile(args.profile)
+    except FileNotFoundError as exc:
+        print(f"flashserve bench report: {exc.filename}: no such file"
+              + (" (pass --calibration: the runs' calibration.json)" if exc.filename == str(calib_path) else ""),
+              file=sys.stderr)  # fmt: skip
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"flashserve bench report: {exc}", file=sys.stderr)
+        return 2
+    results = report.merge(*batches)
+    known = {**SCENARIOS, QUICK_SCENARIO.name: QUICK_SCENARIO}
+    names = list(dict.fromkeys(r.scenario for r in results if r.kind == "table"))
+    scenarios = [known.get(n) or Scenario(name=n, description="", duration_s=0.0, base_replicas=0.0) for n in names]
+    seeds = sorted({r.seed for r in results if r.kind == "table"})
+    settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD)
+    recs = report.records(results)
+    print(report.text_table(recs))
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_json(recs, out / "results.json")
+    report.write_csv(results, out / "results.csv")
+    _write_markdown(out / "table.md", recs, results, scenarios, seeds, calib, settings, profile)
+    if calib_path != out / "calibration.json":
+        (out / "calibration.json").write_text(calib_path.read_text(encoding="utf-8"), encoding="utf-8")
+    if not args.no_plots:
+        _plots(results, out, _progress)
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ speed

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 from collections import defaultdict
+from dataclasses import fields
 from pathlib import Path
 
 from flashserve.bench.measures import Result, median
@@ -123,6 +124,50 @@ def write_csv(results: list[Result], path: str | Path) -> None:
         w.writeheader()
         for row in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def read_csv(path: str | Path) -> list[Result]:
+    """The runs of a CSV that `write_csv` wrote (without timelines and decision logs)."""
+    kinds = {f.name: str(f.type) for f in fields(Result) if f.name not in ("timeline", "decisions")}
+    out = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [k for k in ("policy", "scenario", "seed", "attainment", "gpu_hours") if k not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: not a benchmark results CSV (no column {missing[0]!r})")
+        for n, row in enumerate(reader, start=2):
+            values: dict = {}
+            for name, kind in kinds.items():
+                raw = (row.get(name) or "").strip()
+                try:
+                    if kind.endswith("| None") and raw == "":
+                        values[name] = None
+                    elif kind.startswith("int"):
+                        values[name] = int(float(raw))
+                    elif kind.startswith("float"):
+                        values[name] = float(raw)
+                    else:
+                        values[name] = raw
+                except ValueError:
+                    raise ValueError(f"{path}, line {n}: {name}={raw!r} is not a number") from None
+            out.append(Result(**values))
+    return out
+
+
+def run_key(r: Result) -> tuple:
+    """What identifies a run: the same key in a later file is a rerun of it."""
+    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s)
+
+
+def merge(*runs: list[Result]) -> list[Result]:
+    """Runs of several benchmark invocations, later ones replacing earlier runs with the same key (e.g. one
+    policy rerun after a change, over a full run whose other rows are unchanged: every run is a function of
+    its seed)."""
+    by_key: dict[tuple, Result] = {}
+    for batch in runs:
+        for r in batch:
+            by_key[run_key(r)] = r  # a rerun takes the place (and the position) of the run it replaces
+    return list(by_key.values())
 
 
 def write_json(recs: list[dict], path: str | Path) -> None:
