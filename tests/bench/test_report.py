@@ -59,7 +59,7 @@ def test_read_csv_names_the_bad_cell(tmp_path):
         report.read_csv(other)
 
 
-def test_report_command_rebuilds_the_table_with_the_rerun(tmp_path, capsys):
+def test_report_command_rebuilds_the_table_with_the_rerun(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "calibration.json").write_text((DOCS / "calibration.json").read_text())
@@ -73,7 +73,6 @@ def test_report_command_rebuilds_the_table_with_the_rerun(tmp_path, capsys):
     table = (out / "table.md").read_text()
     assert "| flashserve | 93.00% |" in table and "## flash-crowd" in table
     assert len(report.read_csv(out / "results.csv")) == 3
-    capsys.readouterr()
 
 
 def test_report_command_without_calibration_says_what_to_pass(tmp_path, capsys):

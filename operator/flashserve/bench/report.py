@@ -132,7 +132,8 @@ def read_csv(path: str | Path) -> list[Result]:
     out = []
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
-        missing = [k for k in ("policy", "scenario", "seed", "attainment", "gpu_hours") if k not in (reader.fieldnames or [])]
+        columns = reader.fieldnames or []
+        missing = [k for k in ("policy", "scenario", "seed", "attainment", "gpu_hours") if k not in columns]
         if missing:
             raise ValueError(f"{path}: not a benchmark results CSV (no column {missing[0]!r})")
         for n, row in enumerate(reader, start=2):
