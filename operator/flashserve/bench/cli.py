@@ -179,11 +179,17 @@ def autoscale(argv: list[str]) -> int:
     if csv_path:
         report.write_csv(results, csv_path)
     if out:
-        _write_markdown(out / "table.md", recs, results, scenarios, seeds, calib, settings, profile)
-        (out / "calibration.json").write_text(json.dumps(_calib_dict(calib), indent=1) + "\n")
-        if not args.no_plots:
-            _plots(results, out, progress)
+        _write_out_dir(out, recs, results, scenarios, seeds, calib, settings, profile, not args.no_plots, progress)
     return 0
+
+
+def _write_out_dir(out: Path, recs, results, scenarios, seeds, calib, settings, profile, plots: bool,
+                   progress) -> None:  # fmt: skip
+    """What `--out` holds besides results.{csv,json}: table.md, calibration.json and the figures."""
+    _write_markdown(out / "table.md", recs, results, scenarios, seeds, calib, settings, profile)
+    (out / "calibration.json").write_text(json.dumps(_calib_dict(calib), indent=1) + "\n")
+    if plots:
+        _plots(results, out, progress)
 
 
 def _write_decisions(folder: Path, results) -> None:
@@ -313,11 +319,7 @@ def report_cmd(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report.write_json(recs, out / "results.json")
     report.write_csv(results, out / "results.csv")
-    _write_markdown(out / "table.md", recs, results, scenarios, seeds, calib, settings, profile)
-    if calib_path != out / "calibration.json":
-        (out / "calibration.json").write_text(calib_path.read_text(encoding="utf-8"), encoding="utf-8")
-    if not args.no_plots:
-        _plots(results, out, _progress)
+    _write_out_dir(out, recs, results, scenarios, seeds, calib, settings, profile, not args.no_plots, _progress)
     return 0
 
 
