@@ -8,6 +8,7 @@ profile NVIDIA Dynamo's planner interpolates (its pre-deployment profiling).
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field
 
@@ -84,9 +85,37 @@ class Calibration:
         return [(p.output_tokens_per_s, p.itl_per_token_s) for p in self.points]
 
 
+@dataclass
+class LoadTest:
+    """Everything one steady-state run measured: the point, plus the engine's histograms over the measured
+    window (per-bucket counts, +Inf last) and its totals, from which the fluid model synthesizes metrics."""
+
+    point: Point
+    seconds: float
+    finished: int
+    started: int
+    running: float
+    """Mean requests running (the rest of the concurrency waits in the engine)."""
+    tpot: tuple[float, ...]
+    tpot_sum: float
+    itl: tuple[float, ...]
+    itl_sum: float
+    ttft: tuple[float, ...]
+    ttft_sum: float
+
+
 def steady_point(profile: Profile, concurrency: int, sla: float, duration_s: float, warmup_s: float,
                  seed: int = SEED) -> Point:  # fmt: skip
     """Keep `concurrency` agentic requests in one engine (each finished turn is replaced at once)."""
+    return load_test(profile, concurrency, sla, duration_s, warmup_s, seed).point
+
+
+def load_test(profile: Profile, concurrency: int, sla: float, duration_s: float, warmup_s: float,
+              seed: int = SEED, gaps: bool = False) -> LoadTest:  # fmt: skip
+    """`concurrency` sessions on one engine. Without `gaps` each finished turn is replaced at once (the
+    concurrency is exact); with `gaps` a session sends its next turn after its tool gap, as in the scenarios,
+    so the engine also holds the cached prefixes of sessions between turns, and `point.concurrency` is the
+    mean number of requests in the engine."""
     cfg = engine_config(profile, sla)
     eng = Engine(profile, seed=seed, config=cfg)
     rng = random.Random(seed + concurrency)
@@ -97,6 +126,8 @@ def steady_point(profile: Profile, concurrency: int, sla: float, duration_s: flo
         return Session(next_sid[0], seed + concurrency, profile, eng.unit, cfg.max_model_len)
 
     sessions = [new_session() for _ in range(concurrency)]
+    started = [0]
+    finished = 0
 
     def issue(i: int, now: float) -> None:
         s = sessions[i]
@@ -106,28 +137,46 @@ def steady_point(profile: Profile, concurrency: int, sla: float, duration_s: flo
             turn = s.next_turn()
         eng.add_request(None, turn[0], turn[1], now, block_hashes=s.block_hashes(), hashes_cover_output=True,
                         hashes_chained=True, user=i)  # fmt: skip
+        if now >= warmup_s:
+            started[0] += 1
 
-    pending = sorted((rng.uniform(0.0, 1.0), i) for i in range(concurrency))
+    pending = sorted((rng.uniform(0.0, 1.0) * (8.0 if gaps else 1.0), i) for i in range(concurrency))
+    later: list[tuple[float, int]] = []
     for t0, i in pending:
-        issue(i, t0)
+        if gaps:
+            heapq.heappush(later, (t0, i))
+        else:
+            issue(i, t0)
     end = warmup_s + duration_s
+    in_engine = 0 if gaps else concurrency
+    area = 0.0
+    last = warmup_s
     speeds: list[tuple[float, int]] = []
     decode_time = decode_tokens = ttft = 0.0
     n_ttft = 0
-    kv = waiting = 0.0
+    kv = waiting = running = 0.0
     n_kv = 0
-    base_itl = None
+    base = None
     gen0 = None
     t = 0.0
+    st = eng.stats
     while True:
         nxt = eng.next_event_time()
+        if later and (nxt is None or later[0][0] < nxt):
+            nxt = later[0][0]
         if nxt is None or nxt > end:
             break
         t = nxt
-        if base_itl is None and t >= warmup_s:
-            base_itl = list(eng.stats.itl.counts)
+        if base is None and t >= warmup_s:
+            base = {h: (list(getattr(st, h).counts), getattr(st, h).total) for h in ("itl", "tpot", "ttft")}
             gen0 = (eng.generation_tokens(), t)
-        for req in eng.advance(t):
+        finished_now = eng.advance(t)
+        if t > warmup_s:
+            area += in_engine * (t - max(last, warmup_s))
+            last = t
+        for req in finished_now:
+            if t >= warmup_s:
+                finished += 1
             if req.first_token is not None and req.first_token >= warmup_s:
                 v = req.tokens_per_second()
                 if v is not None:
@@ -136,23 +185,38 @@ def steady_point(profile: Profile, concurrency: int, sla: float, duration_s: flo
                     decode_tokens += req.emitted - 1
                 ttft += req.first_token - req.arrival
                 n_ttft += 1
-            issue(req.user, t)
+            if gaps:
+                in_engine -= 1
+                heapq.heappush(later, (t + sessions[req.user].gap(), req.user))
+            else:
+                issue(req.user, t)
+        while later and later[0][0] <= t:
+            issue(heapq.heappop(later)[1], t)
+            in_engine += 1
         if t >= warmup_s:
             snap = eng.snapshot()
             kv += snap.kv_usage
             waiting += snap.waiting
+            running += snap.running
             n_kv += 1
     eng.advance(end)
-    counts = [b - a for a, b in zip(base_itl or [0] * len(eng.stats.itl.counts), eng.stats.itl.counts)]
-    cum, run = [], 0.0
-    for c in counts:
-        run += c
-        cum.append(run)
-    q90 = bucket_quantile(0.9, tuple(eng.stats.itl.bounds), cum)
+    delta = {}
+    for h in ("itl", "tpot", "ttft"):
+        hist = getattr(st, h)
+        counts0, total0 = base[h] if base else ([0] * len(hist.counts), 0.0)
+        delta[h] = (tuple(float(b - a) for a, b in zip(counts0, hist.counts)), hist.total - total0)
+    cum, acc = [], 0.0
+    for c in delta["itl"][0]:
+        acc += c
+        cum.append(acc)
+    q90 = bucket_quantile(0.9, tuple(st.itl.bounds), cum)
     tps = profile.accepted_per_step(cfg.num_speculative_tokens)
-    out_rate = (eng.generation_tokens() - gen0[0]) / (end - gen0[1]) if gen0 else 0.0
-    return Point(
-        concurrency=concurrency,
+    seconds = end - gen0[1] if gen0 else 0.0
+    out_rate = (eng.generation_tokens() - gen0[0]) / seconds if gen0 else 0.0
+    if gaps:
+        area += in_engine * max(0.0, end - max(last, warmup_s))
+    point = Point(
+        concurrency=area / duration_s if gaps else concurrency,
         attainment=_attainment(speeds, sla),
         speed_p50=_weighted_quantile(speeds, 0.5),
         speed_p90=_weighted_quantile(speeds, 0.1),
@@ -163,6 +227,12 @@ def steady_point(profile: Profile, concurrency: int, sla: float, duration_s: flo
         kv_usage=kv / n_kv if n_kv else 0.0,
         waiting=waiting / n_kv if n_kv else 0.0,
     )
+    return LoadTest(
+        point=point, seconds=seconds, finished=finished, started=started[0],
+        running=running / n_kv if n_kv else 0.0,
+        tpot=delta["tpot"][0], tpot_sum=delta["tpot"][1], itl=delta["itl"][0], itl_sum=delta["itl"][1],
+        ttft=delta["ttft"][0], ttft_sum=delta["ttft"][1],
+    )  # fmt: skip
 
 
 def _attainment(speeds: list[tuple[float, int]], sla: float) -> float:

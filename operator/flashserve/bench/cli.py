@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-hour-price", type=float, default=None, help="USD per GPU-hour (default 2.30, TCO)")
     p.add_argument("--all-ranks", action="store_true",
                    help="simulate every data-parallel rank of a replica, not one representative (4x slower)")
+    p.add_argument("--engine", choices=("model", "fluid"), default="model",
+                   help="model: every request through the engine model (default); fluid: the fluid model, "
+                   "~100x faster, validated against the model in docs/autoscaling-benchmark.md")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--decision-log", metavar="DIR",
                    help="write FlashServe's decisions (reason, readings) per run as JSON lines here")
@@ -100,6 +103,10 @@ def autoscale(argv: list[str]) -> int:
 
     args = _parser().parse_args(argv)
     progress = None if args.quiet else _progress
+    if args.engine == "fluid" and (args.trace or args.all_ranks):
+        print("flashserve bench autoscale: --engine fluid replays synthetic sessions on one representative rank "
+              "per replica; drop --trace/--all-ranks or use --engine model", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         profile = load_profile(args.profile)
     except ValueError as exc:
@@ -133,7 +140,8 @@ def autoscale(argv: list[str]) -> int:
     families = tuple(args.policies or FAMILIES)
     table = [s for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
-                        all_ranks=args.all_ranks, decisions=bool(args.decision_log))  # fmt: skip
+                        all_ranks=args.all_ranks, decisions=bool(args.decision_log),
+                        engine=args.engine)  # fmt: skip
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
                 timeline_scenario=scenarios[0].name, timeline_seed=seeds[0])  # fmt: skip
     if not args.quick and not args.no_sweep:
@@ -155,7 +163,12 @@ def autoscale(argv: list[str]) -> int:
         progress(f"SLA capacity: {calib.capacity_per_replica:.0f} concurrent requests per replica "
                  f"({calib.capacity_per_rank:.1f} per GPU) at {calib.target_attainment:.0%} token-weighted "
                  f"attainment of {args.sla:g} tok/s; {len(plan.tasks())} runs")  # fmt: skip
-    results = execute(plan, profile, calib, jobs=max(1, args.jobs), progress=progress)
+    curve = None
+    if args.engine == "fluid":
+        from flashserve.bench.fluid import build_curve
+
+        curve = build_curve(profile, args.sla, progress=progress)
+    results = execute(plan, profile, calib, jobs=max(1, args.jobs), progress=progress, curve=curve)
     if args.decision_log:
         _write_decisions(Path(args.decision_log), results)
     recs = report.records(results)
@@ -248,7 +261,9 @@ def _write_markdown(path: Path, recs, results, scenarios, seeds, calib, settings
         f"Engine profile `{profile.name}`, SLA {settings.sla_tokens_per_s:g} tok/s per user, seeds "
         f"{', '.join(map(str, seeds))}, GPU-hour price ${settings.gpu_hour_price:.2f}. SLA capacity from the "
         f"load test: {calib.capacity_per_replica:.0f} concurrent requests per replica "
-        f"({calib.capacity_per_rank:.1f} per GPU).",
+        f"({calib.capacity_per_rank:.1f} per GPU)."
+        + (" Simulated with the fluid model (`--engine fluid`), not the engine model." if settings.engine == "fluid"
+           else ""),
         "",
         "## All scenarios (medians over every run; GPU-h is the sum of the per-scenario medians)",
         "",
@@ -339,26 +354,48 @@ def speed(argv: list[str]) -> int:
     p.add_argument("--policy", default="flashserve", choices=FAMILIES)
     p.add_argument("--peak-replicas", type=float, default=2.0, help="demand at the daily peak, in replicas")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--engine", choices=("model", "fluid"), default="model",
+                   help="model: every request through the engine model; fluid: the fluid model")
     args = p.parse_args(argv)
+    if args.hours <= 0 or args.peak_replicas <= 0:
+        print("flashserve bench speed: --hours and --peak-replicas must be > 0", file=sys.stderr)
+        return 2
     profile = load_profile(None)
     calib = calibrate(profile, quick=True)
     sc = DAY_SCENARIO.scaled(duration_s=args.hours * 3600.0, base_replicas=args.peak_replicas)
-    t0 = time.process_time()
-    w = Workload(sc, args.seed, profile, calib, CACHE_UNIT_TOKENS, profile.max_model_len)
-    t1 = time.process_time()
-    startup = profile.startup.median
-    res = Simulation(w, build(PolicySpec(args.policy), calib, startup, 100.0), Settings()).run()
+    settings = Settings(engine=args.engine)
+    policy = build(PolicySpec(args.policy), calib, profile.startup.median, 100.0)
+    curve_s = 0.0
+    if args.engine == "fluid":
+        from flashserve.bench.fluid import FluidSimulation, FluidWorkload, build_curve
+
+        c0 = time.process_time()
+        curve = build_curve(profile, settings.sla_tokens_per_s)
+        curve_s = time.process_time() - c0
+        t0 = time.process_time()
+        w = FluidWorkload(sc, args.seed, profile, calib, CACHE_UNIT_TOKENS)
+        t1 = time.process_time()
+        res = FluidSimulation(w, policy, settings, curve).run()
+    else:
+        t0 = time.process_time()
+        w = Workload(sc, args.seed, profile, calib, CACHE_UNIT_TOKENS, profile.max_model_len)
+        t1 = time.process_time()
+        res = Simulation(w, policy, settings).run()
     t2 = time.process_time()
     hours = (sc.duration_s + sc.warmup_s) / 3600.0
-    print(json.dumps({
-        "policy": args.policy, "simulated_hours": round(hours, 3), "peak_replicas": args.peak_replicas,
-        "replicas_mean": round(res.replicas_mean, 3), "requests": res.requests,
-        "workload_cpu_s": round(t1 - t0, 2), "simulation_cpu_s": round(t2 - t1, 2),
+    out = {
+        "policy": args.policy, "engine": args.engine, "simulated_hours": round(hours, 3),
+        "peak_replicas": args.peak_replicas, "replicas_mean": round(res.replicas_mean, 3),
+        "requests": res.requests, "workload_cpu_s": round(t1 - t0, 2), "simulation_cpu_s": round(t2 - t1, 2),
         "cpu_s_per_simulated_hour": round((t2 - t0) / hours, 2),
-        "us_per_request": round((t2 - t1) / max(1, res.requests) * 1e6, 1),
-        "cpu_s_per_replica_hour": round((t2 - t0) / max(1e-9, hours * res.replicas_mean), 2),
+        "us_per_request": round((t2 - t1) / max(1, res.requests) * 1e6, 2),
+        "cpu_s_per_replica_hour": round((t2 - t0) / max(1e-9, hours * res.replicas_mean), 3),
         "attainment": round(res.attainment, 4), "gpu_hours": round(res.gpu_hours, 2),
-    }, indent=1))  # fmt: skip
+        "oracle_gpu_hours": round(w.oracle_gpu_hours, 2),
+    }  # fmt: skip
+    if args.engine == "fluid":
+        out["load_test_cpu_s"] = round(curve_s, 2)  # one-off, shared by every run of an invocation
+    print(json.dumps(out, indent=1))
     return 0
 
 

@@ -89,8 +89,10 @@ class FleetCounts:
 
 class Fleet:
     def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
-                 all_ranks: bool = False) -> None:  # fmt: skip
+                 all_ranks: bool = False, engines: bool = True) -> None:  # fmt: skip
         self.profile = profile
+        self.engines = engines
+        """False: groups get no engine model (the fluid model keeps their state itself)."""
         self.n_ranks = profile.engines_per_replica if all_ranks else 1
         self.rank_weight = profile.engines_per_replica / self.n_ranks
         self.cfg = engine_config(profile, sla)
@@ -124,7 +126,7 @@ class Fleet:
         g.state = READY
         g.ready_at = now
         g.weight = self.rank_weight
-        for i in range(self.n_ranks):
+        for i in range(self.n_ranks if self.engines else 0):
             cfg = EngineConfig(**{**self.cfg.__dict__})
             eng = Engine(self.profile, seed=(self.seed * 1000 + g.serial) * 16 + i, config=cfg)
             g.ranks.append(Rank(g, i, eng))

@@ -175,6 +175,16 @@ def oracle_gpu_hours(starts: list[float], ends: list[float], capacity: float, gp
         acc += d * (g - last)
         last = g
         area[i] = acc
+    return oracle_from_area(grid, area, capacity, gpus, t0, t1, floor, window_s, step_s)
+
+
+def oracle_from_area(grid: list[float], area: list[float], capacity: float, gpus: int, t0: float, t1: float,
+                     floor: int = 1, window_s: float = ORACLE_WINDOW_S,
+                     step_s: float = 5.0) -> tuple[float, list[tuple[float, int]]]:  # fmt: skip
+    """The oracle's integral and step function from the cumulative area under concurrency, sampled every
+    `step_s` on `grid` from t0 - window_s / 2 to t1 + window_s / 2 (see `oracle_gpu_hours`)."""
+    half = window_s / 2.0
+    n = len(grid)
     k = int(round(window_s / step_s))
     steps: list[tuple[float, int]] = [(-math.inf, floor)]
     total = 0.0

@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from flashserve.bench import fluid
 from flashserve.bench.calibrate import Calibration
 from flashserve.bench.fleet import CACHE_UNIT_TOKENS
 from flashserve.bench.measures import Result
@@ -70,35 +71,44 @@ class Plan:
 _STATE: dict = {}
 
 
-def _init(profile: Profile, calib: Calibration) -> None:
+def _init(profile: Profile, calib: Calibration, curve: fluid.Curve | None = None) -> None:
     _STATE.clear()
     _STATE["profile"] = profile
     _STATE["calib"] = calib
+    _STATE["curve"] = curve
     _STATE["workloads"] = {}
 
 
-def _workload(sc: Scenario, seed: int, all_ranks: bool) -> Workload:
+def _workload(sc: Scenario, seed: int, settings: Settings) -> Workload | fluid.FluidWorkload:
     cache = _STATE["workloads"]
-    key = (sc, seed, all_ranks)
+    key = (sc, seed, settings.all_ranks, settings.engine)
     w = cache.get(key)
     if w is None:
         cache.clear()  # tasks come grouped by (scenario, seed): keep one
-        prof = _STATE["profile"]
-        w = cache[key] = Workload(sc, seed, prof, _STATE["calib"], CACHE_UNIT_TOKENS, prof.max_model_len, all_ranks)
+        prof, calib = _STATE["profile"], _STATE["calib"]
+        if settings.engine == "fluid":
+            w = fluid.FluidWorkload(sc, seed, prof, calib, CACHE_UNIT_TOKENS)
+        else:
+            w = Workload(sc, seed, prof, calib, CACHE_UNIT_TOKENS, prof.max_model_len, settings.all_ranks)
+        cache[key] = w
     return w
 
 
 def run_task(task: Task) -> Result:
-    w = _workload(task.scenario, task.seed, task.settings.all_ranks)
+    st = task.settings
+    w = _workload(task.scenario, task.seed, st)
     calib = _STATE["calib"]
     prof = _STATE["profile"]
-    st = task.settings
+    curve = _STATE["curve"]
     if task.spec is None:
-        res = run_oracle(w, st)
+        res = fluid.run_oracle(w, st, curve) if st.engine == "fluid" else run_oracle(w, st)
     else:
         startup = st.startup_median_s or task.scenario.startup_median_s or prof.startup.median
         policy = build(task.spec, calib, startup, st.sla_tokens_per_s)
-        res = Simulation(w, policy, st).run()
+        if st.engine == "fluid":
+            res = fluid.FluidSimulation(w, policy, st, curve).run()
+        else:
+            res = Simulation(w, policy, st).run()
         res.policy = task.spec.label
         res.variant = task.spec.variant
     res.oracle_gpu_hours = w.oracle_gpu_hours
@@ -106,7 +116,8 @@ def run_task(task: Task) -> Result:
     return res
 
 
-def execute(plan: Plan, profile: Profile, calib: Calibration, jobs: int = 1, progress=None) -> list[Result]:
+def execute(plan: Plan, profile: Profile, calib: Calibration, jobs: int = 1, progress=None,
+            curve: fluid.Curve | None = None) -> list[Result]:  # fmt: skip
     tasks = plan.tasks()
     n = len(tasks)
     results: list[Result | None] = [None] * n
@@ -122,13 +133,13 @@ def execute(plan: Plan, profile: Profile, calib: Calibration, jobs: int = 1, pro
             )
 
     if jobs <= 1:
-        _init(profile, calib)
+        _init(profile, calib, curve)
         for i, task in enumerate(tasks):
             results[i] = run_task(task)
             report(i, results[i], i + 1)
     else:
         ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
-        with ctx.Pool(jobs, initializer=_init, initargs=(profile, calib)) as pool:
+        with ctx.Pool(jobs, initializer=_init, initargs=(profile, calib, curve)) as pool:
             done = 0
             for i, res in pool.imap_unordered(_indexed, list(enumerate(tasks)), chunksize=1):
                 results[i] = res

@@ -55,9 +55,27 @@ class Settings:
     """Keep the policy's decision log (FlashServe's: reasons and readings) in the result."""
     all_ranks: bool = False
     """Simulate every data-parallel rank of a replica instead of one representative (4x the work)."""
+    engine: str = "model"
+    """model: every request through the engine model; fluid: the fluid model (bench/fluid.py, day-scale)."""
 
 
-class Workload:
+class OracleView:
+    """The oracle's need as a step function of scenario time (`oracle_steps`), shared by both models."""
+
+    scenario: Scenario
+    oracle_steps: list[tuple[float, int]]
+    oracle_gpu_hours: float
+
+    def oracle_need(self, t: float) -> int:
+        from flashserve.bench.measures import need_at
+
+        return need_at(self.oracle_steps, t)
+
+    def peak_need(self) -> int:
+        return max((n for t, n in self.oracle_steps if 0.0 <= t < self.scenario.duration_s), default=1)
+
+
+class Workload(OracleView):
     """The arrivals of one (scenario, seed), shared by every policy's run, plus the oracle's view of them:
     each request served at the nominal SLA operating point."""
 
@@ -109,16 +127,11 @@ class Workload:
             scenario.duration_s,
         )
 
-    def oracle_need(self, t: float) -> int:
-        from flashserve.bench.measures import need_at
-
-        return need_at(self.oracle_steps, t)
-
-    def peak_need(self) -> int:
-        return max((n for t, n in self.oracle_steps if 0.0 <= t < self.scenario.duration_s), default=1)
-
 
 class Simulation:
+    engines = True
+    """Groups run the engine model (the fluid model's subclass keeps flows instead)."""
+
     def __init__(self, workload: Workload, policy: Policy, settings: Settings, oracle_lookahead_s: float | None = None):
         self.w = workload
         self.sc = workload.scenario
@@ -128,7 +141,8 @@ class Simulation:
         self.calib = workload.calib
         startup = settings.startup_median_s if settings.startup_median_s is not None else self.sc.startup_median_s
         self.startup_median_s = startup if startup is not None else self.profile.startup.median
-        self.fleet = Fleet(self.profile, settings.sla_tokens_per_s, workload.seed, startup, settings.all_ranks)
+        self.fleet = Fleet(self.profile, settings.sla_tokens_per_s, workload.seed, startup, settings.all_ranks,
+                           engines=self.engines)
         itl_bounds = self.fleet.cfg.buckets["inter_token_latency"]
         self.prom = Prometheus(tuple(itl_bounds), tuple(DEFAULT_TTFT_BUCKETS))
         self.heap: list = []
@@ -280,7 +294,7 @@ class Simulation:
                 self.push(g.ready_at, _READY, g)
         while len(self.fleet.active) > n:
             g = self.fleet.remove_last(now)
-            if g.ended is not None and g.ranks:
+            if g.ended is not None:  # cancelled while starting (no series) or drained at once
                 self.prom.target_gone(g.pod, now)
 
     # ------------------------------------------------------------------ run
