@@ -3,7 +3,7 @@
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
-    flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2]
+    flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
     flashserve bench trace OUT.jsonl [--minutes 60] [--sessions-per-s 0.5] [--seed 0]
 """
 

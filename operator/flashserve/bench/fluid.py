@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from flashserve.bench.calibrate import Calibration, LoadTest, load_test
 from flashserve.bench.context import Policy
-from flashserve.bench.fleet import AFFINITY_BOUND, DRAINING, GONE, STARTING, Group
+from flashserve.bench.fleet import AFFINITY_BOUND, DRAINING, GONE, Group
 from flashserve.bench.measures import (
     ORACLE_WINDOW_S,
     Result,
@@ -38,7 +38,7 @@ from flashserve.bench.measures import (
     weighted_quantile,
 )
 from flashserve.bench.prom import Sample
-from flashserve.bench.sim import _EVAL, _READY, _SCRAPE, DRAIN_LIMIT_S, OracleView, Settings, Simulation
+from flashserve.bench.sim import _EVAL, _SCRAPE, DRAIN_LIMIT_S, OracleView, Settings, Simulation
 from flashserve.bench.workloads import Scenario, Session, session_starts
 from flashserve.engine.profile import Profile
 
@@ -443,7 +443,6 @@ class FluidSimulation(Simulation):
             initial = fixed(self.w)
         for _ in range(min(initial, self.max_replicas)):
             self.fleet.order(0.0, ready=True)
-        scrape = self.s.scrape_interval_s
         oracle = self.oracle_lookahead_s is not None
         self.push(0.0, _SCRAPE)
         self.push(self.off + (0.0 if oracle else self.policy.offset_s), _EVAL)
@@ -468,22 +467,7 @@ class FluidSimulation(Simulation):
             if not heap or t >= hard_end or (t >= self.end and heap[0][0] > t + 1e-9):
                 break
             now, _, kind, a, _b = heapq.heappop(heap)
-            if kind == _SCRAPE:
-                self.on_scrape(now)
-                if now < self.end:
-                    self.push(now + scrape, _SCRAPE)
-            elif kind == _READY:
-                if a.state == STARTING and a in self.fleet.active:
-                    self.fleet.make_ready(a, now)
-                    self.flush_router(now)
-            elif kind == _EVAL and now < self.end:
-                if oracle:
-                    self.scale_to(self.oracle_target(now), now, startup=0.0)
-                    self.flush_router(now)
-                    self.push(now + scrape, _EVAL)
-                else:
-                    self.on_eval(now)
-                    self.push(now + self.policy.interval_s, _EVAL)
+            self.on_fleet_event(kind, a, now, oracle)
         # what is left past the drain limit is missed; below half a request per group, the flows are drained
         unfinished = sum(s.inflight for g, s in self._serving_states()) + self.router if t >= hard_end else 0.0
         gpu_hours = self.fleet.gpu_hours(self.off, self.end)

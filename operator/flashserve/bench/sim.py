@@ -283,6 +283,25 @@ class Simulation:
         if want is not None:
             self.scale_to(want, now)
 
+    def on_fleet_event(self, kind: int, a, now: float, oracle: bool) -> None:
+        """A scrape, a group becoming ready, or an evaluation (the oracle's sizing when `oracle`)."""
+        if kind == _SCRAPE:
+            self.on_scrape(now)
+            if now < self.end:
+                self.push(now + self.s.scrape_interval_s, _SCRAPE)
+        elif kind == _READY:
+            if a.state == STARTING and a in self.fleet.active:
+                self.fleet.make_ready(a, now)
+                self.flush_router(now)
+        elif kind == _EVAL and now < self.end:
+            if oracle:
+                self.scale_to(self.oracle_target(now), now, startup=0.0)
+                self.flush_router(now)
+                self.push(now + self.s.scrape_interval_s, _EVAL)
+            else:
+                self.on_eval(now)
+                self.push(now + self.policy.interval_s, _EVAL)
+
     def scale_to(self, want: int, now: float, startup: float | None = None) -> None:
         n = min(self.max_replicas, max(self.s.min_replicas, int(want)))
         if n == len(self.fleet.active):
@@ -355,23 +374,8 @@ class Simulation:
                     self.on_turn(a, now)
                 else:
                     self.fleet.end_session(a)
-            elif kind == _SCRAPE:
-                self.on_scrape(now)
-                if now < self.end:
-                    self.push(now + scrape, _SCRAPE)
-            elif kind == _READY:
-                if a.state == STARTING and a in self.fleet.active:
-                    self.fleet.make_ready(a, now)
-                    self.flush_router(now)
-            elif kind == _EVAL:
-                if now < self.end:
-                    if oracle:
-                        self.scale_to(self.oracle_target(now), now, startup=0.0)
-                        self.flush_router(now)
-                        self.push(now + scrape, _EVAL)
-                    else:
-                        self.on_eval(now)
-                        self.push(now + self.policy.interval_s, _EVAL)
+            else:
+                self.on_fleet_event(kind, a, now, oracle)
         # stragglers: whatever never finished counts as missed
         for r in (r for g in self.fleet.all for r in g.ranks):
             for req in list(r.engine.running) + list(r.engine.waiting):
