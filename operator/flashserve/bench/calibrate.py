@@ -102,6 +102,8 @@ class LoadTest:
     itl_sum: float
     ttft: tuple[float, ...]
     ttft_sum: float
+    prefix_hit_rate: float = 0.0
+    """Share of prompt tokens found in the prefix cache over the measured window."""
 
 
 def steady_point(profile: Profile, concurrency: int, sla: float, duration_s: float, warmup_s: float,
@@ -170,6 +172,7 @@ def load_test(profile: Profile, concurrency: int, sla: float, duration_s: float,
         if base is None and t >= warmup_s:
             base = {h: (list(getattr(st, h).counts), getattr(st, h).total) for h in ("itl", "tpot", "ttft")}
             gen0 = (eng.generation_tokens(), t)
+            prefix0 = (st.prefix_queries, st.prefix_hits)
         finished_now = eng.advance(t)
         if t > warmup_s:
             area += in_engine * (t - max(last, warmup_s))
@@ -232,6 +235,7 @@ def load_test(profile: Profile, concurrency: int, sla: float, duration_s: float,
         running=running / n_kv if n_kv else 0.0,
         tpot=delta["tpot"][0], tpot_sum=delta["tpot"][1], itl=delta["itl"][0], itl_sum=delta["itl"][1],
         ttft=delta["ttft"][0], ttft_sum=delta["ttft"][1],
+        prefix_hit_rate=(st.prefix_hits - prefix0[1]) / max(1, st.prefix_queries - prefix0[0]) if gen0 else 0.0,
     )  # fmt: skip
 
 

@@ -72,6 +72,7 @@ class CurvePoint:
     itl: tuple[float, ...]
     itl_mean: float
     ttft: tuple[float, ...]
+    prefix_hit_rate: float = 0.0
 
     @classmethod
     def from_load_test(cls, lt: LoadTest) -> CurvePoint:
@@ -90,6 +91,7 @@ class CurvePoint:
             itl_per_token=n_itl / gen if gen else 0.0, tpot=shares(lt.tpot),
             tpot_mean=lt.tpot_sum / n_tpot if n_tpot else 0.0, itl=shares(lt.itl),
             itl_mean=lt.itl_sum / n_itl if n_itl else 0.0, ttft=shares(lt.ttft),
+            prefix_hit_rate=lt.prefix_hit_rate,
         )  # fmt: skip
 
 
@@ -102,7 +104,7 @@ class Curve:
         self.conc = [p.concurrency for p in points]
         self.col = {f: [getattr(p, f) for p in points]
                     for f in ("running", "completions", "tokens", "attainment", "speed_p50", "speed_p90", "kv",
-                              "ttft_mean", "itl_per_token")}  # fmt: skip
+                              "ttft_mean", "itl_per_token", "prefix_hit_rate")}  # fmt: skip
 
     def locate(self, a: float) -> tuple[int, float]:
         conc = self.conc
@@ -220,14 +222,14 @@ class FluidWorkload(OracleView):
 class _State:
     """One serving group's flows (one representative rank) and its metric counters."""
 
-    __slots__ = ("inflight", "gap", "where", "gen", "done", "started", "w_tpot", "w_itl", "w_ttft", "tpot",
+    __slots__ = ("inflight", "gap", "where", "gen", "done", "started", "hits", "w_tpot", "w_itl", "w_ttft", "tpot",
                  "itl", "ttft", "sums")  # fmt: skip
 
     def __init__(self, n_itl: int, n_ttft: int) -> None:
         self.inflight = 0.0
         self.gap = 0.0
         self.where = (0, 0.0)  # the curve's (index, fraction) at the current concurrency
-        self.gen = self.done = self.started = 0.0
+        self.gen = self.done = self.started = self.hits = 0.0
         # observations since the last scrape, per curve point; cumulative per-bucket counts and sums
         self.w_tpot: dict[int, float] = {}
         self.w_itl: dict[int, float] = {}
@@ -265,10 +267,9 @@ class FluidSimulation(Simulation):
         self.st = st
         self.state: dict[int, _State] = {}  # by group serial
         self.router = 0.0  # turns waiting for any ready group
-        self.met = self.total = 0.0  # output tokens of the measured window: on time, all
-        self.prompt_tokens = self.requests = 0.0
-        self.speeds: dict[float, float] = {}  # tok/s (0.1 resolution) -> output tokens
-        self.ttfts: dict[float, float] = {}  # s (1 ms resolution) -> requests
+        # output tokens and finished turns of the measured window, spread over the curve's points
+        self.w_tokens: dict[int, float] = {}
+        self.w_done: dict[int, float] = {}
         self.n_itl = len(self.fleet.cfg.buckets["inter_token_latency"]) + 1
         self.n_ttft = len(curve.points[0].ttft)
 
@@ -292,7 +293,20 @@ class FluidSimulation(Simulation):
     def _start_turns(self, s: _State, x: float) -> None:
         s.inflight += x
         s.started += x
+        s.hits += x * self.curve.at("prefix_hit_rate", *s.where)
         _spread(s.w_ttft, s.where, x)
+
+    def _route_new(self, n: int) -> None:
+        """`n` new sessions, one after the other, each to the replica with the fewest sessions (as `_route`)."""
+        heap = [(self._st(g).sessions, g.index, self._st(g)) for g in self.fleet.ready_list]
+        if not heap:
+            self.router += n
+            return
+        heapq.heapify(heap)
+        for _ in range(n):
+            sessions, index, s = heap[0]
+            self._start_turns(s, 1.0)
+            heapq.heapreplace(heap, (s.sessions, index, s))
 
     def _route(self, x: float, exclude: Group | None = None) -> None:
         """`x` turns of sessions without a (usable) replica: to the one with the fewest sessions."""
@@ -310,7 +324,8 @@ class FluidSimulation(Simulation):
         ready = self.fleet.ready_list
         states = [(g, self._st(g)) for g in self.fleet.serving()]
         curve = self.curve
-        c0 = curve.conc[0]
+        conc, comp, tok, ipt = curve.conc, curve.col["completions"], curve.col["tokens"], curve.col["itl_per_token"]
+        c0, top = conc[0], conc[-1]
         finished = []
         for g, s in states:
             a = s.inflight
@@ -318,29 +333,29 @@ class FluidSimulation(Simulation):
                 s.where = (0, 0.0)
                 finished.append(0.0)
                 continue
-            s.where = i, f = curve.locate(a)
-            scale = a / c0 if a < c0 else 1.0
-            done = min(a, curve.at("completions", i, f) * scale * dt)
-            tokens = curve.at("tokens", i, f) * scale * dt
+            if a <= c0 or a >= top:
+                i, f = (0, 0.0) if a <= c0 else (len(conc) - 1, 0.0)
+                scale = a / c0 if a < c0 else 1.0
+                done = min(a, comp[i] * scale * dt)
+                tokens = tok[i] * scale * dt
+                itl = tokens * ipt[i]
+            else:  # curve.locate and curve.at, inlined: this loop is most of the model's time
+                i = bisect.bisect_right(conc, a) - 1
+                f = (a - conc[i]) / (conc[i + 1] - conc[i])
+                done = min(a, (comp[i] + f * (comp[i + 1] - comp[i])) * dt)
+                tokens = (tok[i] + f * (tok[i + 1] - tok[i])) * dt
+                itl = tokens * (ipt[i] + f * (ipt[i + 1] - ipt[i]))
+            s.where = where = (i, f)
             s.inflight = a - done
             s.gen += tokens
             s.done += done
             finished.append(done)
-            _spread(s.w_tpot, s.where, done)
-            _spread(s.w_itl, s.where, tokens * curve.at("itl_per_token", i, f))
+            _spread(s.w_tpot, where, done)
+            _spread(s.w_itl, where, itl)
             if measured:
-                self.met += tokens * curve.at("attainment", i, f)
-                self.total += tokens
-                self.requests += done
-                self.prompt_tokens += done * self.st.prompt_tokens
-                p50, p90 = curve.at("speed_p50", i, f), curve.at("speed_p90", i, f)
-                # three atoms per tick: the slow fifth at p90, the bulk at p50, the fast fifth mirrored
-                sp = self.speeds
-                for v, share in ((p90, 0.2), (p50, 0.6), (2 * p50 - p90, 0.2)):
-                    v = round(v, 1)
-                    sp[v] = sp.get(v, 0.0) + share * tokens
-                v = round(curve.at("ttft_mean", i, f), 3)
-                self.ttfts[v] = self.ttfts.get(v, 0.0) + done
+                # scored at the end from the load test's figures per point (linear in the weights)
+                _spread(self.w_tokens, where, tokens)
+                _spread(self.w_done, where, done)
         bound = AFFINITY_BOUND * sum(self._st(g).sessions for g in ready) / len(ready) + 1 if ready else 0.0
         back = dt / self.st.gap_s
         for (g, s), done in zip(states, finished):
@@ -408,9 +423,10 @@ class FluidSimulation(Simulation):
                 t=now, running=run, waiting=wait, kv=curve.at("kv", i, f) if s.inflight > 0 else 0.0,
                 gen_tokens=s.gen, itl_count=sum(s.itl), itl_sum=s.sums[1], itl_buckets=_cum(s.itl),
                 ttft_count=sum(s.ttft), ttft_sum=s.sums[2], ttft_buckets=_cum(s.ttft),
-                prompt_tokens=s.done * self.st.prompt_tokens, prompt_count=s.done,
-                output_tokens_done=s.done * self.st.output_tokens, output_count=s.done, prefix_queries=0.0,
-                prefix_hits=0.0, tpot_count=sum(s.tpot), tpot_buckets=_cum(s.tpot),
+                prompt_tokens=s.started * self.st.prompt_tokens, prompt_count=s.started,
+                output_tokens_done=s.done * self.st.output_tokens, output_count=s.done,
+                prefix_queries=s.started * self.st.prompt_tokens, prefix_hits=s.hits * self.st.prompt_tokens,
+                tpot_count=sum(s.tpot), tpot_buckets=_cum(s.tpot),
             ))  # fmt: skip
         self.prom.forget_old(now)
         if self.s.timeline:
@@ -460,9 +476,11 @@ class FluidSimulation(Simulation):
                     break
                 dt = min(TICK_S, target - t)
                 self._tick(t + dt, dt, self.off <= t, t < self.end)
+                k = j
                 while j < len(starts) and starts[j] + self.off < min(t + dt, self.end):
-                    self._route(1.0)
                     j += 1
+                if j > k:
+                    self._route_new(j - k)
                 t += dt
             if not heap or t >= hard_end or (t >= self.end and heap[0][0] > t + 1e-9):
                 break
@@ -473,12 +491,20 @@ class FluidSimulation(Simulation):
         gpu_hours = self.fleet.gpu_hours(self.off, self.end)
         cost = gpu_hours * self.s.gpu_hour_price
         w = self.fleet.rank_weight
-        total = self.total + unfinished * self.st.output_tokens
+        pts = self.curve.points
+        met = sum(x * pts[k].attainment for k, x in self.w_tokens.items())
+        self.requests = sum(self.w_done.values())
+        self.prompt_tokens = self.requests * self.st.prompt_tokens
+        total = sum(self.w_tokens.values()) + unfinished * self.st.output_tokens
+        # per point, three atoms of speed: the slow fifth at its p90, the bulk at its p50, the fast fifth mirrored
+        speeds = sorted((v, share * x) for k, x in self.w_tokens.items()
+                        for v, share in ((pts[k].speed_p90, 0.2), (pts[k].speed_p50, 0.6),
+                                         (2 * pts[k].speed_p50 - pts[k].speed_p90, 0.2)))  # fmt: skip
+        ttfts = sorted((pts[k].ttft_mean, x) for k, x in self.w_done.items())
         reps = self.replica_series()
-        speeds, ttfts = sorted(self.speeds.items()), sorted(self.ttfts.items())
         return Result(
             policy=self.policy.name, scenario=self.sc.name, seed=self.w.seed,
-            attainment=self.met / total if total else 1.0,
+            attainment=met / total if total else 1.0,
             speed_p90=weighted_quantile(speeds, 0.10), speed_p50=weighted_quantile(speeds, 0.50),
             ttft_p90_s=weighted_quantile(ttfts, 0.90), gpu_hours=gpu_hours,
             tokens_per_dollar=w * (self.prompt_tokens + total) / cost if cost else 0.0,

@@ -75,9 +75,12 @@ class Prometheus:
         self.itl_bounds = tuple(itl_bounds)
         self.ttft_bounds = tuple(ttft_bounds)
         self.series: dict[str, Series] = {}
+        # bucket rates of the current state, by query: a policy asks for several quantiles of one histogram
+        self._rates: dict[tuple, list[float] | None] = {}
 
     # ------------------------------------------------------------------ ingest
     def ingest(self, key: str, pod: str, group: int, weight: float, sample: Sample) -> None:
+        self._rates.clear()
         s = self.series.get(key)
         if s is None:
             s = self.series[key] = Series(key, pod, group, weight)
@@ -87,11 +90,13 @@ class Prometheus:
 
     def target_gone(self, pod: str, now: float) -> None:
         """A scrape target (pod) disappeared: Prometheus writes staleness markers, its series end now."""
+        self._rates.clear()
         for s in self.series.values():
             if s.pod == pod and s.ended is None:
                 s.ended = now
 
     def forget_old(self, now: float) -> None:
+        self._rates.clear()
         for key in [k for k, s in self.series.items() if s.ended is not None and s.ended < now - RETENTION_S]:
             del self.series[key]
 
@@ -163,18 +168,24 @@ class Prometheus:
         return sum(values.values()) if values else None
 
     def bucket_rates(self, now: float, window_s: float, field: str, count_field: str) -> list[float] | None:
-        """sum by (le) (rate(x_bucket[w])): cumulative rates per bound, +Inf last."""
+        """sum by (le) (rate(x_bucket[w])): cumulative rates per bound, +Inf last (do not modify the list)."""
+        key = (now, window_s, field, count_field)
+        if key not in self._rates:
+            self._rates[key] = self._bucket_rates(now, window_s, field, count_field)
+        return self._rates[key]
+
+    def _bucket_rates(self, now: float, window_s: float, field: str, count_field: str) -> list[float] | None:
         total: list[float] | None = None
+        lo = now - window_s
         for s in self.series.values():
             pts = s.window(now, window_s)
             if len(pts) < 2:
                 continue
-            n = len(getattr(pts[0], field))
-            rates = []
-            for i in range(n):
-                rates.append(extrapolated_rate([(p.t, getattr(p, field)[i]) for p in pts], now - window_s, now))
-            rates.append(extrapolated_rate([(p.t, getattr(p, count_field)) for p in pts], now - window_s, now))
-            rates = [r * s.weight for r in rates]
+            times = [p.t for p in pts]
+            # one column per bucket (transposed in C), the count last: no (t, v) pairs built per bucket
+            columns = list(zip(*(getattr(p, field) for p in pts)))
+            columns.append(tuple(getattr(p, count_field) for p in pts))
+            rates = [_extrapolated_rate(times, col, lo, now) * s.weight for col in columns]
             total = rates if total is None else [a + b for a, b in zip(total, rates)]
         return total
 
@@ -190,19 +201,23 @@ def extrapolated_rate(points: list[tuple[float, float]], range_start: float, ran
     """Prometheus's extrapolatedRate for a counter (promql/functions.go), per second."""
     if len(points) < 2:
         return math.nan
-    first_t, first_v = points[0]
-    last_t, _ = points[-1]
+    return _extrapolated_rate([t for t, _ in points], [v for _, v in points], range_start, range_end)
+
+
+def _extrapolated_rate(times, values, range_start: float, range_end: float) -> float:
+    first_t, first_v = times[0], values[0]
+    last_t = times[-1]
     result = 0.0
     prev = first_v
-    for _, v in points[1:]:
+    for v in values[1:]:
         if v < prev:  # counter reset
             result += prev
         prev = v
-    result += points[-1][1] - first_v
+    result += values[-1] - first_v
     sampled = last_t - first_t
     if sampled <= 0:
         return math.nan
-    avg_step = sampled / (len(points) - 1)
+    avg_step = sampled / (len(times) - 1)
     to_start = first_t - range_start
     to_end = range_end - last_t
     threshold = avg_step * 1.1
