@@ -83,3 +83,36 @@ def test_report_command_without_calibration_says_what_to_pass(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "calibration.json: no such file" in err and "--calibration" in err
     assert not out.exists()  # nothing written
+
+
+def test_agreement_pairs_the_same_runs_and_summarizes_the_differences():
+    a = [_run("oracle", 1, 0.98, 10.0), _run("flashserve", 1, 0.90, 22.0), _run("flashserve", 2, 0.95, 18.0),
+         _run("hpa", 1, 0.80, 14.0)]  # fmt: skip
+    b = [_run("flashserve", 2, 0.96, 20.0), _run("flashserve", 1, 0.93, 20.0), _run("oracle", 1, 0.98, 10.0),
+         _run("flashserve", 1, 0.5, 1.0, kind="startup", startup_median_s=30.0)]  # fmt: skip
+    pairs = report.paired(a, b)
+    # hpa has no counterpart; the start-up run is another setting, not a rerun
+    assert [(x.policy, x.seed, y.attainment) for x, y in pairs] == [
+        ("oracle", 1, 0.98), ("flashserve", 1, 0.93), ("flashserve", 2, 0.96)]  # fmt: skip
+    ag = report.agreement(pairs[1:], "flashserve")
+    assert ag.runs == 2
+    assert ag.attainment_median_pt == pytest.approx(2.0)  # 3 and 1 points
+    assert ag.attainment_p90_pt == pytest.approx(3.0)
+    assert ag.gpu_hours_median_pct == pytest.approx(10.0)  # +10% and -10%
+    assert report.agreement([], "none") is None
+
+
+def test_compare_command_prints_the_agreement_and_refuses_disjoint_runs(tmp_path, capsys):
+    a, b, c = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
+    report.write_csv([_run("oracle", 1, 0.98, 10.0), _run("flashserve", 1, 0.90, 22.0)], a)
+    report.write_csv([_run("oracle", 1, 0.97, 10.0), _run("flashserve", 1, 0.93, 20.0)], b)
+    report.write_csv([_run("hpa", 7, 0.8, 14.0)], c)
+    assert main(["compare", str(a), str(b), "--plot", str(tmp_path / "agree.png")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("flashserve"))
+    assert line.split()[1:4] == ["1", "3.00", "3.0"] and line.split()[4] == "10.0"
+    assert (tmp_path / "agree.png").stat().st_size > 10_000
+    assert main(["compare", str(a), str(c)]) == 2
+    assert "no run in common" in capsys.readouterr().err
+    assert main(["compare", str(a), str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv: no such file" in capsys.readouterr().err

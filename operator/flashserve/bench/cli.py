@@ -3,6 +3,7 @@
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
+    flashserve bench compare A.csv B.csv [--plot PNG]
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
     flashserve bench trace OUT.jsonl [--minutes 60] [--sessions-per-s 0.5] [--seed 0]
 """
@@ -20,6 +21,7 @@ USAGE = """usage: flashserve bench COMMAND [ARGS...]
 commands:
   autoscale  compare autoscalers on simulated agentic traffic (table, CSV, JSON, plots)
   report     rebuild the table, JSON and plots from saved runs (later files replace reruns)
+  compare    how two sets of the same runs agree, run by run (e.g. --engine fluid against the engine model)
   speed      time a simulated day for one policy
   trace      write a synthetic agentic Mooncake-format trace"""
 
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return autoscale(rest)
     if cmd == "report":
         return report_cmd(rest)
+    if cmd == "compare":
+        return compare_cmd(rest)
     if cmd == "speed":
         return speed(rest)
     if cmd == "trace":
@@ -335,6 +339,55 @@ def report_cmd(argv: list[str]) -> int:
     report.write_json(recs, out / "results.json")
     report.write_csv(results, out / "results.csv")
     _write_out_dir(out, recs, results, scenarios, seeds, calib, settings, profile, not args.no_plots, _progress)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ compare
+
+
+def compare_cmd(argv: list[str]) -> int:
+    from flashserve.bench import report
+
+    p = argparse.ArgumentParser(
+        prog="flashserve bench compare",
+        description="how the runs of A agree with the same runs (policy, scenario, seed, setting) of B: "
+        "attainment difference in points and GPU-hours difference in percent, medians and 90th percentiles "
+        "over all runs and per policy setting",
+    )
+    p.add_argument("a", metavar="A.csv")
+    p.add_argument("b", metavar="B.csv")
+    p.add_argument("--plot", metavar="PNG", help="also draw A against B, run by run")
+    args = p.parse_args(argv)
+    try:
+        pairs = report.paired(report.read_csv(args.a), report.read_csv(args.b))
+    except FileNotFoundError as exc:
+        print(f"flashserve bench compare: {exc.filename}: no such file", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"flashserve bench compare: {exc}", file=sys.stderr)
+        return 2
+    if not pairs:
+        print(f"flashserve bench compare: {args.a} and {args.b} have no run in common (same policy, scenario, "
+              "seed and setting)", file=sys.stderr)  # fmt: skip
+        return 2
+    groups = [("all runs", pairs)]
+    labels = sorted({x.policy for x, _ in pairs}, key=report._order)
+    groups += [(label, [(x, y) for x, y in pairs if x.policy == label]) for label in labels]
+    print(f"{'runs':<22} {'n':>4}  {'|d attainment| pt':>18} {'p90':>6}  {'|d GPU-h| %':>12} {'p90':>6}  "
+          f"{'A median':>16}  {'B median':>16}")  # fmt: skip
+    for label, group in groups:
+        ag = report.agreement(group, label)
+        ma = f"{report.median([x.attainment for x, _ in group]):.2%} {report.median([x.gpu_hours for x, _ in group]):.1f}"
+        mb = f"{report.median([y.attainment for _, y in group]):.2%} {report.median([y.gpu_hours for _, y in group]):.1f}"
+        print(f"{label:<22} {ag.runs:>4}  {ag.attainment_median_pt:>18.2f} {ag.attainment_p90_pt:>6.1f}  "
+              f"{ag.gpu_hours_median_pct:>12.1f} {ag.gpu_hours_p90_pct:>6.1f}  {ma:>16}  {mb:>16}")  # fmt: skip
+    if args.plot:
+        try:
+            from flashserve.bench import plots
+        except ImportError:  # pragma: no cover - matplotlib is the `plot` extra
+            print("matplotlib missing: no plot (pip install flashserve[plot])", file=sys.stderr)
+            return 0
+        plots.agreement(pairs, Path(args.plot), Path(args.a).parent.name or args.a, Path(args.b).parent.name or args.b)
     return 0
 
 

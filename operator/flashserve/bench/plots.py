@@ -125,3 +125,29 @@ def startup_sweep(results: list[Result], path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def agreement(pairs: list[tuple[Result, Result]], path: Path, a_label: str, b_label: str) -> Path:
+    """Run by run: attainment and GPU-hours of one set of runs against another (e.g. fluid vs engine model)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.8))
+    for ax, get, name in ((axes[0], lambda r: r.attainment * 100, "token-weighted attainment (%)"),
+                          (axes[1], lambda r: r.gpu_hours, "GPU-hours")):  # fmt: skip
+        seen = set()
+        for x, y in pairs:
+            fam = x.policy.removesuffix("-tuned")
+            ax.plot([get(y)], [get(x)], "o" if x.policy == fam else "s", color=COLORS.get(fam, "tab:cyan"),
+                    ms=4, alpha=0.75, label=None if fam in seen else fam)  # fmt: skip
+            seen.add(fam)
+        lo = min(min(get(x), get(y)) for x, y in pairs)
+        hi = max(max(get(x), get(y)) for x, y in pairs)
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.7, ls=":")
+        ax.set_xlabel(f"{name}, {b_label}")
+        ax.set_ylabel(f"{name}, {a_label}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{a_label} against {b_label}, run by run (o default, s tuned)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

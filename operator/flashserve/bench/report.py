@@ -6,7 +6,7 @@ import csv
 import json
 import math
 from collections import defaultdict
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from flashserve.bench.measures import Result, median
@@ -217,3 +217,34 @@ def equal_attainment(results: list[Result], scenario: str, ours: str = "flashser
         return []
     target = mine[0][1]
     return [(fam, cost_at(pts, target)) for fam, pts in sorted(cv.items())]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How two sets of the same runs agree (e.g. the fluid model against the engine model): per run, the
+    attainment difference in points and the GPU-hours ratio; summarized over a group of runs."""
+
+    label: str
+    runs: int
+    attainment_median_pt: float
+    attainment_p90_pt: float
+    gpu_hours_median_pct: float
+    gpu_hours_p90_pct: float
+
+
+def paired(a: list[Result], b: list[Result]) -> list[tuple[Result, Result]]:
+    """Runs present in both (same policy, scenario, seed and setting), in `a`'s order."""
+    index = {run_key(r): r for r in b}
+    return [(r, index[run_key(r)]) for r in a if run_key(r) in index]
+
+
+def agreement(pairs: list[tuple[Result, Result]], label: str) -> Agreement | None:
+    if not pairs:
+        return None
+    da = sorted(abs(x.attainment - y.attainment) * 100 for x, y in pairs)
+    dg = sorted(abs(x.gpu_hours / y.gpu_hours - 1) * 100 for x, y in pairs if y.gpu_hours > 0)
+
+    def p90(v: list[float]) -> float:
+        return v[max(0, math.ceil(0.9 * len(v)) - 1)] if v else math.nan
+
+    return Agreement(label, len(pairs), median(da), p90(da), median(dg) if dg else math.nan, p90(dg))
