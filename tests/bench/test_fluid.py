@@ -112,3 +112,8 @@ def test_cli_quick_with_the_fluid_model(tmp_path):
     assert set(recs) == {"oracle", "flashserve", "static"}
     assert recs["static"]["attainment"] > 0.9 and recs["flashserve"]["gpu_hours"] > 0
     assert "fluid model" in (tmp_path / "o" / "table.md").read_text()
+
+
+def test_speed_command_refuses_an_empty_day(capsys):
+    assert cli.main(["speed", "--engine", "fluid", "--hours", "0"]) == 2
+    assert "--hours and --peak-replicas must be > 0" in capsys.readouterr().err

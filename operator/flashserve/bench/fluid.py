@@ -430,13 +430,7 @@ class FluidSimulation(Simulation):
             ))  # fmt: skip
         self.prom.forget_old(now)
         if self.s.timeline:
-            c = self.fleet.counts(now)
-            tl = self.timeline
-            tl["t"].append(now - self.off)
-            tl["desired"].append(c.desired)
-            tl["ready"].append(c.ready)
-            tl["demand"].append((running + waiting) / self.calib.capacity_per_replica)
-            tl["oracle"].append(self.w.oracle_need(now - self.off))
+            self.record_timeline(now, running + waiting)
 
     def scale_to(self, want: int, now: float, startup: float | None = None) -> None:
         before = list(self.fleet.active)

@@ -265,13 +265,17 @@ class Simulation:
         if self.step_base is None and now >= self.off:
             self.step_base = {r.key: self.step_counts(r) for r in self.ranks()}
         if self.s.timeline:
-            c = self.fleet.counts(now)
-            tl = self.timeline
-            tl["t"].append(now - self.off)
-            tl["desired"].append(c.desired)
-            tl["ready"].append(c.ready)
-            tl["demand"].append((running + waiting) / self.calib.capacity_per_replica)
-            tl["oracle"].append(self.w.oracle_need(now - self.off))
+            self.record_timeline(now, running + waiting)
+
+    def record_timeline(self, now: float, in_engines: float) -> None:
+        """One point of the timeline figure: replicas wanted and ready, demand and the oracle's need."""
+        c = self.fleet.counts(now)
+        tl = self.timeline
+        tl["t"].append(now - self.off)
+        tl["desired"].append(c.desired)
+        tl["ready"].append(c.ready)
+        tl["demand"].append(in_engines / self.calib.capacity_per_replica)
+        tl["oracle"].append(self.w.oracle_need(now - self.off))
 
     def on_eval(self, now: float) -> None:
         ctx = Context(
