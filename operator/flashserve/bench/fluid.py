@@ -39,7 +39,7 @@ from flashserve.bench.measures import (
 )
 from flashserve.bench.prom import Sample
 from flashserve.bench.sim import _EVAL, _SCRAPE, DRAIN_LIMIT_S, OracleView, Settings, Simulation
-from flashserve.bench.workloads import Scenario, Session, session_starts
+from flashserve.bench.workloads import Scenario, SessionStats, session_starts
 from flashserve.engine.profile import Profile
 
 TICK_S = 1.0
@@ -141,35 +141,6 @@ def build_curve(profile: Profile, sla: float, progress=None, sessions: tuple[int
 # --------------------------------------------------------------------------------------------- traffic
 
 
-@dataclass(frozen=True)
-class SessionStats:
-    """Means over the workload's sessions (the same sampling as `workloads.session_load`)."""
-
-    turns: float
-    turn_s: float
-    """Mean in-engine seconds of a turn at the nominal service."""
-    gap_s: float
-    prompt_tokens: float
-    output_tokens: float
-    session_s: float
-    """Mean in-engine seconds of a session at the nominal service (`workloads.session_load`, to the bit)."""
-
-    @classmethod
-    def sample(cls, profile: Profile, unit: int, calib: Calibration, samples: int = 3000,
-               seed: int = 99) -> SessionStats:  # fmt: skip
-        turns = 0
-        turn_s = gap = prompt = output = 0.0
-        for sid in range(1, samples + 1):
-            s = Session(sid, seed, profile, unit, profile.max_model_len)
-            while (turn := s.next_turn()) is not None:
-                turns += 1
-                turn_s += calib.nominal.turn_s(turn[1])
-                prompt += turn[0]
-                output += turn[1]
-                gap += s.gap()
-        return cls(turns / samples, turn_s / turns, gap / turns, prompt / turns, output / turns, turn_s / samples)
-
-
 class FluidWorkload(OracleView):
     """The engine model's session arrivals (same rate, same seeds), and the oracle's need from the nominal
     fluid: every turn served at the SLA operating point, no capacity limit."""
@@ -183,7 +154,7 @@ class FluidWorkload(OracleView):
         self.profile = profile
         self.calib = calib
         self.unit = unit
-        self.stats = st = SessionStats.sample(profile, unit, calib)
+        self.stats = st = SessionStats.sample(profile, unit, calib.nominal)
         self.rate = scenario.base_replicas * calib.capacity_per_rank / st.session_s
         self.starts = session_starts(scenario, self.rate, seed)
         # nominal fluid, sampled on the oracle's 5-s grid as the cumulative area under concurrency

@@ -240,15 +240,38 @@ class Nominal:
         return self.ttft_s + max(0, output_tokens - 1) / self.tokens_per_s
 
 
+@dataclass(frozen=True)
+class SessionStats:
+    """Means over the workload's sessions, per turn (the fluid model's parameters) and per session."""
+
+    turns: float
+    turn_s: float
+    """Mean in-engine seconds of a turn at the nominal service."""
+    gap_s: float
+    prompt_tokens: float
+    output_tokens: float
+    session_s: float
+    """Mean in-engine seconds of a session at the nominal service (`session_load`)."""
+
+    @classmethod
+    def sample(cls, profile: Profile, unit: int, nominal: Nominal, samples: int = 3000,
+               seed: int = 99) -> SessionStats:  # fmt: skip
+        turns = 0
+        turn_s = gap = prompt = output = 0.0
+        for sid in range(1, samples + 1):
+            s = Session(sid, seed, profile, unit, profile.max_model_len)
+            while (turn := s.next_turn()) is not None:
+                turns += 1
+                turn_s += nominal.turn_s(turn[1])
+                prompt += turn[0]
+                output += turn[1]
+                gap += s.gap()
+        return cls(turns / samples, turn_s / turns, gap / turns, prompt / turns, output / turns, turn_s / samples)
+
+
 def session_load(profile: Profile, unit: int, nominal: Nominal, samples: int = 3000, seed: int = 99) -> float:
     """Mean in-engine seconds per session at the nominal service (concurrency per unit of session rate)."""
-    total = 0.0
-    for sid in range(1, samples + 1):
-        s = Session(sid, seed, profile, unit, profile.max_model_len)
-        while (turn := s.next_turn()) is not None:
-            total += nominal.turn_s(turn[1])
-            s.gap()
-    return total / samples
+    return SessionStats.sample(profile, unit, nominal, samples, seed).session_s
 
 
 # ----------------------------------------------------------------------------------------------- traces
