@@ -418,12 +418,7 @@ class FluidSimulation(Simulation):
 
     def run(self) -> Result:
         cpu0 = time.process_time()
-        initial = max(self.s.min_replicas, self.w.oracle_need(0.0))
-        fixed = getattr(self.policy, "fixed_replicas", None)
-        if fixed is not None:
-            initial = fixed(self.w)
-        for _ in range(min(initial, self.max_replicas)):
-            self.fleet.order(0.0, ready=True)
+        self.start_fleet(0.0)
         oracle = self.oracle_lookahead_s is not None
         self.push(0.0, _SCRAPE)
         self.push(self.off + (0.0 if oracle else self.policy.offset_s), _EVAL)

@@ -287,6 +287,15 @@ class Simulation:
         if want is not None:
             self.scale_to(want, now)
 
+    def start_fleet(self, now: float) -> None:
+        """The initial fleet, ready: what the oracle needs at the start (or a static policy's fixed size)."""
+        initial = max(self.s.min_replicas, self.w.oracle_need(0.0))
+        fixed = getattr(self.policy, "fixed_replicas", None)
+        if fixed is not None:
+            initial = fixed(self.w)
+        for _ in range(min(initial, self.max_replicas)):
+            self.fleet.order(now, ready=True)
+
     def on_fleet_event(self, kind: int, a, now: float, oracle: bool) -> None:
         """A scrape, a group becoming ready, or an evaluation (the oracle's sizing when `oracle`)."""
         if kind == _SCRAPE:
@@ -325,12 +334,7 @@ class Simulation:
         cpu0 = time.process_time()
         sc = self.sc
         t0 = 0.0
-        initial = max(self.s.min_replicas, self.w.oracle_need(0.0))
-        fixed = getattr(self.policy, "fixed_replicas", None)
-        if fixed is not None:
-            initial = fixed(self.w)
-        for _ in range(min(initial, self.max_replicas)):
-            self.fleet.order(t0, ready=True)
+        self.start_fleet(t0)
         scrape = self.s.scrape_interval_s
         k = math.ceil(t0 / scrape)
         self.push(k * scrape, _SCRAPE)
