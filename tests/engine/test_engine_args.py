@@ -71,7 +71,7 @@ def test_repeated_served_model_name_keeps_the_last_like_argparse():
     [
         (["--enable-magic"], "unrecognized arguments: --enable-magic"),
         (["--max-num-seqs", "lots"], "invalid int value"),
-        (["--all2all-backend", "pplx"], "invalid choice"),
+        (["--all2all-backend", "telepathy"], "invalid choice"),  # vLLM 0.33 does list pplx
         (["--kv-cache-dtype", "int3"], "invalid choice"),
         (["--compilation-config", '{"cudagraph_mode":"SOMETIMES"}'], "cudagraph_mode"),
         (["--speculative-config", "mtp"], "invalid JSON"),
