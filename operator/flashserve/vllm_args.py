@@ -191,7 +191,7 @@ def extra_args_errors(args: Sequence[str]) -> list[tuple[int, str]]:
             errors.append((i, f"{value!r} is not a choice of {option.name}: choose from {choices}"))
 
     def needs_value() -> None:
-        if takes in ("one", "some", "any") and owner is not None:
+        if takes in ("one", "some", "any") and owner is not None and owner[0] not in {i for i, _ in errors}:
             errors.append((owner[0], f"{args[owner[0]]!r} needs a value: add it as the next item"))
 
     for i, arg in enumerate(args):
@@ -220,6 +220,9 @@ def extra_args_errors(args: Sequence[str]) -> list[tuple[int, str]]:
         if refused is not None and option is None and len(res.candidates) > 1:
             errors.append((i, f"{arg!r} is ambiguous to vLLM {VLLM_VERSION} (it could be "
                               f"{', '.join(res.candidates)}), and the operator manages those: remove it"))  # fmt: skip
+        elif refused is not None and not res.candidates:
+            errors.append((i, f"{arg!r} is not a vllm serve flag of vLLM {VLLM_VERSION}, which would exit at "
+                              f"start; it looks like {_refusal(arg, refused).split(' sets ', 1)[1]}"))  # fmt: skip
         elif refused is not None:
             errors.append((i, _refusal(arg, refused)))
         elif len(res.candidates) > 1:

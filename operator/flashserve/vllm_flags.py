@@ -144,7 +144,11 @@ def resolve(text: str) -> Resolved:
     tok = read_token(text)
     if tok.kind != "option":
         return Resolved(tok, ())
-    candidates = matching_flags(tok.key)
+    single = not tok.key.startswith("--")
+    if single and tok.inline is not None and tok.dotted is None and tok.key not in BY_FLAG:
+        candidates = matching_flags(text)  # argparse matches single-dash prefixes with the `=value` still on
+    else:
+        candidates = matching_flags(tok.key)
     if not candidates and " " in tok.key:
         return Resolved(Token(text, "value"), ())  # argparse takes an unknown token with a space as a value
     glued = None
@@ -248,6 +252,8 @@ def sample_value(option: Option) -> str:
     """A value the parser accepts for an option (checked against the real parser by the contract test)."""
     if option.choices:
         return str(option.choices[0])
+    if option.action == "LoRAParserAction":
+        return "name=path"  # its own action reads name=path or JSON
     return {"int": "2", "float": "0.5", "json": "{}", "json_or_str": "{}", "human_int": "2k",
             "human_int_or_auto": "4096", "other": "1"}.get(option.value or "", "x")  # fmt: skip
 
@@ -256,40 +262,48 @@ def sample_value(option: Option) -> str:
 class Spelling:
     argv: tuple[str, ...]  # the items, the value included where the option needs one
     vllm: str  # what real vLLM does with them: "sets" the option's dest, or "error" (exits at start)
+    form: str  # "flag", "equals", "underscore", "prefix", "dotted" or "-O"
 
 
 def spellings(option: Option, sub_key: str | None = None) -> list[Spelling]:
     """Every way to write the option: each option string, `=value`, underscores, each prefix (argparse
-    expands the unique ones; the others are ambiguous errors), `.sub.key` forms (with `sub_key`, `k=v`)."""
+    expands the unique ones; the others are ambiguous errors), `.sub.key` forms (`sub_key` is `k=v`; without
+    it a `.x=1` form whose fate follows from the kind of value) and, for the optimization level, `-O` forms."""
     value = sample_value(option)
     out: list[Spelling] = []
 
-    def add(flag: str, vllm: str = "sets") -> None:
+    def add(flag: str, form: str, vllm: str = "sets") -> None:
         if option.takes_value:
-            out.append(Spelling((flag, value), vllm))
-            out.append(Spelling((f"{flag}={value}",), vllm))
+            out.append(Spelling((flag, value), vllm, form))
+            # argparse matches a single-dash prefix with its `=value` on, so `-t=2` is no option at all
+            equals = "error" if form == "prefix" and not flag.startswith("--") else vllm
+            out.append(Spelling((f"{flag}={value}",), equals, form if form != "flag" else "equals"))
         else:
-            out.append(Spelling((flag,), vllm))
-            out.append(Spelling((f"{flag}=1",), "error"))  # a switch refuses an explicit value
+            out.append(Spelling((flag,), vllm, form))
+            out.append(Spelling((f"{flag}=1",), "error", "equals"))  # a switch refuses an explicit value
 
     for flag in option.flags:
-        add(flag)
+        add(flag, "flag")
         if flag.startswith("--") and "-" in flag[2:]:
-            add("--" + flag[2:].replace("-", "_"))
+            add("--" + flag[2:].replace("-", "_"), "underscore")
         first = 3 if flag.startswith("--") else 2
         for end in range(first, len(flag)):
             prefix = flag[:end]
             if prefix in BY_FLAG:
                 continue  # another option's own spelling
             if len(matching_flags(prefix)) == 1:
-                add(prefix)
+                add(prefix, "prefix")
             else:  # argparse (3.11) calls a prefix of several option strings ambiguous, even of one option
-                out.append(Spelling((prefix,) + ((value,) if option.takes_value else ()), "error"))
+                out.append(Spelling((prefix,) + ((value,) if option.takes_value else ()), "error", "prefix"))
         if sub_key is not None:
             key, _, sub_value = sub_key.partition("=")
-            out.append(Spelling((f"{flag}.{key}={sub_value}",), "sets"))
-            out.append(Spelling((f"{flag}.{key}", sub_value), "sets"))
+            out.append(Spelling((f"{flag}.{key}={sub_value}",), "sets", "dotted"))
+            out.append(Spelling((f"{flag}.{key}", sub_value), "sets", "dotted"))
+        elif option.nargs == "1" and option.value in ("str", "int", "float"):
+            # the sub-keys become the JSON text '{"x": 1}': a string option takes it, a number does not
+            fits = option.value == "str" and not option.choices
+            out.append(Spelling((f"{flag}.x=1",), "sets" if fits else "error", "dotted"))
     if option.dest == "optimization_level":
-        out += [Spelling(("-O3",), "sets"), Spelling(("-O=3",), "sets"), Spelling(("-O", "3"), "sets"),
-                Spelling(("-Odecode",), "sets")]  # fmt: skip
+        out += [Spelling((o,), "sets", "-O") for o in ("-O3", "-O=3", "-Odecode", "-O.x")]
+        out.append(Spelling(("-O", "3"), "sets", "-O"))
     return out

@@ -237,6 +237,9 @@ def parse(argv: list[str]) -> ServeArgs:
         if tok.kind == "value":
             positionals.append(text)
             continue
+        if text == "-O" and (i >= len(argv) or argv[i] not in ("0", "1", "2", "3")):
+            unknown.append(text)  # FlexibleArgumentParser rewrites `-O <level>` only for levels 0-3
+            continue
         if option is None:
             if res.candidates:
                 raise ArgsError(f"ambiguous option: {tok.key} could match {', '.join(res.candidates)}")
@@ -311,7 +314,12 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
     a = ServeArgs(model=model, served_model_names=names, ignored=ignored, warnings=warnings, raw=dict(v))
 
     def get_int(dest: str) -> int | None:
-        return _int(vllm_flags.BY_DEST[dest].name, str(v[dest]), dest) if dest in v else None
+        if dest not in v:
+            return None
+        option = vllm_flags.BY_DEST[dest]
+        if option.value in ("human_int", "human_int_or_auto"):  # 8k, 8K
+            return _int(option.name, str(_human_int(option.name, str(v[dest]))), dest)
+        return _int(option.name, str(v[dest]), dest)
 
     if "host" in v:
         a.host = str(v["host"])

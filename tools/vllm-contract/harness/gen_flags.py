@@ -6,7 +6,7 @@ vllm/entrypoints/common/cli_args.py:make_arg_parser: model_tag, --headless, --ap
 
 Run it with the contract venv's python (tools/vllm-contract/install.sh --print names the venv):
 
-    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 <venv>/bin/python tools/vllm-contract/harness/gen_flags.py [--print|--check]
+    <venv>/bin/python tools/vllm-contract/harness/gen_flags.py [--print|--check]
 
     (no option)  write the JSON file
     --print      print the JSON on stdout instead
@@ -48,9 +48,14 @@ import argparse
 import difflib
 import enum
 import json
+import os
 import sys
 import typing
 from pathlib import Path
+
+# The parser needs a platform to compute defaults; the CPU one is what this machine-independent table needs.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 OUT = Path(__file__).resolve().parents[3] / "operator" / "flashserve" / "vllm_flags.json"
 
