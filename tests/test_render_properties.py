@@ -34,7 +34,9 @@ def valid_specs(draw) -> dict:
         "replicas": draw(st.integers(0, 3)),
         "engine": {
             "maxModelLen": draw(st.one_of(st.integers(1024, 1 << 20), st.sampled_from(["32k", "auto", "1m"]))),
-            "extraArgs": draw(st.lists(st.text(min_size=1, max_size=20).filter(lambda a: not a.startswith("-")), max_size=3)),
+            # arbitrary text, as the value of a flag (alone vLLM would read it as a second model)
+            "extraArgs": [a for v in draw(st.lists(st.text(min_size=1, max_size=20).filter(
+                lambda a: not a.startswith("-")), max_size=3)) for a in ("--response-role", v)],
             "prefixCaching": draw(st.booleans()),
         },
         "autoscaling": {"sla": {"perUserTokensPerSecond": draw(st.floats(1, 1000))}},

@@ -19,7 +19,7 @@ def test_operator_style_command_line():
         "--enable-dbo", "--dbo-decode-token-threshold", "32", "--enable-prefix-caching",
         "--attention-backend", "FLASHINFER_MLA", "--kv-cache-dtype", "fp8", "--max-model-len", "131072",
         "--gpu-memory-utilization", "0.92", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
-        "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}',
+        "--speculative-config", '{"method":"dspark","num_speculative_tokens":2}',
         "--compilation-config", '{"cudagraph_mode":"FULL_DECODE_ONLY"}', "--async-scheduling",
         "--custom-histogram-buckets", '{"inter_token_latency":[0.005,0.01,0.02]}',
     ])
@@ -71,11 +71,12 @@ def test_repeated_served_model_name_keeps_the_last_like_argparse():
     [
         (["--enable-magic"], "unrecognized arguments: --enable-magic"),
         (["--max-num-seqs", "lots"], "invalid int value"),
-        (["--all2all-backend", "pplx"], "invalid choice"),
+        (["--all2all-backend", "telepathy"], "invalid choice"),  # vLLM 0.33 does list pplx
         (["--kv-cache-dtype", "int3"], "invalid choice"),
         (["--compilation-config", '{"cudagraph_mode":"SOMETIMES"}'], "cudagraph_mode"),
         (["--speculative-config", "mtp"], "invalid JSON"),
-        (["--speculative-config", '{"method":"mtp","num_speculative_tokens":0}'], "positive integer"),
+        (["--speculative-config", '{"method":"mtp"}'], "use speculative method 'dspark'"),
+        (["--speculative-config", '{"method":"dspark","num_speculative_tokens":0}'], "positive integer"),
         (["--custom-histogram-buckets", '{"inter_token_latency":[0.02,0.01]}'], "strictly increasing"),
         (["--custom-histogram-buckets", '{"itl":[0.01]}'], "unknown bucket family"),
         (["--custom-histogram-buckets", '{"inter_token_latency":[-1]}'], "positive"),
@@ -122,3 +123,61 @@ def test_histogram_progression_matches_one_by_one_observations():
 
 def test_request_token_buckets_are_one_two_five_up_to_max_model_len():
     assert one_two_five(131072) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+# The mock's own checks of values vLLM validates after parsing, which the table's sample values do not meet.
+_SAMPLE_REFUSED_BY_MOCK = {"attention_backend", "kv_cache_dtype", "data_parallel_size_local", "data_parallel_start_rank",
+                           "data_parallel_hybrid_lb", "help"}  # fmt: skip
+
+
+def test_every_option_string_of_the_table_is_accepted_in_each_spelling():
+    from flashserve import vllm_flags
+
+    checked = 0
+    for option in vllm_flags.OPTIONS:
+        if option.dest in _SAMPLE_REFUSED_BY_MOCK or option.dest == "config":
+            continue
+        for s in vllm_flags.spellings(option):
+            if s.form == "dotted":
+                continue
+            argv = [MODEL, *s.argv] if option.dest != "model" else list(s.argv)
+            if s.vllm == "sets":
+                parse(argv)
+                checked += 1
+            else:
+                with pytest.raises(ArgsError):
+                    parse(argv)
+    assert checked > 5000
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-num", "3"], "ambiguous option"),
+        (["-t=2"], "unrecognized arguments: -t=2"),  # argparse matches a single-dash prefix with its `=value`
+        (["--tensor-parallel-size.x", "1"], "invalid int value"),
+        (["-O"], "unrecognized arguments"),
+    ],
+)
+def test_spellings_vllm_refuses_are_refused(argv, message):
+    with pytest.raises(ArgsError, match=message):
+        parse([MODEL, *argv])
+
+
+def test_vllm_spellings_of_the_table():
+    a = parse([MODEL, "-t", "1", "-dpl=1", "--max-num-se", "7", "-O3", "--disable-prefix-caching",
+               "-sc.num_speculative_tokens=2", "--model_impl", "auto"])
+    assert a.max_num_seqs == 7 and not a.enable_prefix_caching and a.num_speculative_tokens == 2
+    assert a.raw["optimization_level"] == "3" and "--model-impl" in a.ignored
+    # sub-keys replace a plain JSON value rather than merge with it, as FlexibleArgumentParser appends them
+    b = parse([MODEL, "--speculative-config", '{"method":"dspark","num_speculative_tokens":3}',
+               "--speculative-config.method", "dspark"])
+    assert b.num_speculative_tokens == 1
+    assert parse(["--port", "9000", "--model", MODEL]).model == MODEL
+
+
+def test_config_file_flags_are_read(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("max-num-seqs: 9\nenable-prefix-caching: false\nspeculative-config: {num_speculative_tokens: 2}\n")
+    a = parse([MODEL, "--config", str(cfg), "--max-num-seqs", "11"])
+    assert a.max_num_seqs == 11 and not a.enable_prefix_caching and a.num_speculative_tokens == 2

@@ -19,7 +19,7 @@ from .conftest import mock_env
 pytestmark = pytest.mark.timeout(90)
 
 MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
-SPEC = '{"method":"mtp","num_speculative_tokens":1}'
+SPEC = '{"method":"dspark","num_speculative_tokens":1}'
 FAST = {"FLASHSERVE_MOCK_STARTUP_SECONDS": "0", "FLASHSERVE_MOCK_TIME_SCALE": "10", "FLASHSERVE_MOCK_SEED": "7"}
 
 
@@ -229,7 +229,7 @@ def test_non_loopback_host_still_binds_loopback(mock_server):
                        "--compilation-config", '{"cudagraph_mode":"FULL_DECODE_ONLY"}'], **FAST)
     log = "".join(srv.log)
     assert "binding 127.0.0.1 instead of 0.0.0.0" in log
-    assert "ignoring GPU-only flags --all2all-backend --compilation-config" in log
+    assert "ignoring flags it does not model --all2all-backend --compilation-config" in log
     srv.wait_ready()
 
 

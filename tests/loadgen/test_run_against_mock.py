@@ -22,7 +22,7 @@ SCALE = 10.0
 async def with_engine(test):
     ports: asyncio.Queue = asyncio.Queue()
     args = parse(["deepseek-ai/DeepSeek-V4.1-Flash", "--served-model-name", "dsv4", "--port", "0",
-                  "--data-parallel-size", "4", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}'])
+                  "--data-parallel-size", "4", "--speculative-config", '{"method":"dspark","num_speculative_tokens":1}'])
     settings = MockSettings(startup_seconds=0, time_scale=SCALE, seed=1)
     server = asyncio.ensure_future(serve(args, settings, ready_file=ports.put_nowait))
     try:

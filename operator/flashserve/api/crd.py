@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter
 
 from flashserve.api import v1alpha1 as api
+from flashserve.vllm_args import managed_arg_pattern
 
 _MODELS: dict[str, type[BaseModel]] = {
     name: cls
@@ -33,14 +34,9 @@ _KEEP = {
 _GPUS = "(self.placement.accelerator in ['B200', 'B300'] ? 8 : 4)"
 _TP = "self.parallelism.tensorParallelSize"
 _DPL = f"(has(self.parallelism.dataParallelSizeLocal) ? self.parallelism.dataParallelSizeLocal : {_GPUS} / {_TP})"
-_MANAGED_ARG_RE = (
-    "^(--(served[-_]model[-_]name|port|host|tensor[-_]parallel[-_]size|pipeline[-_]parallel[-_]size"
-    "|data[-_]parallel[-_][a-z_-]+|headless|api[-_]server[-_]count|enable[-_]expert[-_]parallel|all2all[-_]backend"
-    "|enable[-_]eplb|eplb[-_]config|enable[-_]dbo|dbo[-_][a-z_-]+|(no[-_])?enable[-_]prefix[-_]caching"
-    "|attention[-_]backend|kv[-_]cache[-_]dtype|max[-_]model[-_]len|gpu[-_]memory[-_]utilization|max[-_]num[-_]seqs"
-    "|max[-_]num[-_]batched[-_]tokens|speculative[-_]config|compilation[-_]config|custom[-_]histogram[-_]buckets"
-    "|revision|trust[-_]remote[-_]code|download[-_]dir)|-(tp|pp|dp|dpl|dpr|dpa|dpp|ep)|-O.*)([=.].*)?$"
-)
+# Generated from the vLLM flag table (vllm_args.managed_arg_pattern): the item-by-item part of the extraArgs
+# guard. validation.py also refuses unknown flags, positional arguments and missing values, which need context.
+_MANAGED_ARG_RE = managed_arg_pattern()
 RULES: dict[str, list[dict[str, str]]] = {
     "spec": [
         {
@@ -94,8 +90,9 @@ RULES: dict[str, list[dict[str, str]]] = {
     "EngineSpec": [
         {
             "rule": f"self.extraArgs.all(a, !a.matches('{_MANAGED_ARG_RE}'))",
-            "message": "extraArgs may not set flags the operator manages (parallelism, port, model, cache, "
-            "batching, buckets): use the matching spec field",
+            "message": "extraArgs may not set what the operator manages (parallelism, port, model, cache, "
+            "batching, buckets), secrets or a config file, in any spelling vLLM accepts: use the matching spec "
+            "field (flashserve validate names it)",
             "fieldPath": ".extraArgs",
         },
     ],

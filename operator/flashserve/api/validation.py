@@ -16,7 +16,7 @@ from flashserve.accelerators import accelerator
 from flashserve.api import context_length
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
 from flashserve.layout import layout
-from flashserve.vllm_args import MANAGED_ENV, MANAGED_FLAGS, managed_flag_of
+from flashserve.vllm_args import MANAGED_ENV, extra_args_errors
 
 
 @dataclass(frozen=True)
@@ -161,15 +161,8 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 "or parallelism.dbo.enabled: false",
             )
         )
-    for i, arg in enumerate(eng.extra_args):
-        flag = managed_flag_of(arg)
-        if flag is not None:
-            errs.append(
-                FieldError(
-                    f"spec.engine.extraArgs[{i}]",
-                    f"{arg!r} sets {flag}, which the operator manages: use {MANAGED_FLAGS[flag]} instead",
-                )
-            )
+    for i, message in extra_args_errors(eng.extra_args):
+        errs.append(FieldError(f"spec.engine.extraArgs[{i}]", message))
     seen_env: set[str] = set()
     for i, env in enumerate(eng.env):
         if env.name in MANAGED_ENV:

@@ -1,9 +1,10 @@
 """Reading a `vllm serve` command line the way vLLM 0.33's argument parser does, for the mock engine.
 
-Only flags in the shared table (flashserve.vllm_flags) are accepted; anything else is an error with exit code
-2, as argparse reports unrecognised arguments. Flags marked GPU-only are validated where the table knows their
-choices, then ignored. Underscores in flag names are read as dashes and `--flag.key value` sets one key of a
-JSON-valued flag, as vLLM's FlexibleArgumentParser allows.
+The options are those of the table in flashserve.vllm_flags, written from vLLM's own parser: every option
+string, alias, `--no-`/`--disable-` negation, unique prefix, underscore spelling, `=value`, `-O` form,
+`--flag.key value` sub-key and `--config FILE` vLLM accepts is accepted, with vLLM's value types and choices;
+anything else is an error with exit code 2, as argparse reports it. Options the mock does not model (GPU
+kernels, most server knobs) are checked, then listed in `ignored`.
 """
 
 from __future__ import annotations
@@ -13,24 +14,35 @@ import json
 import re
 from dataclasses import dataclass, field
 
+import yaml
+
 from flashserve import vllm_flags
 from flashserve.engine.stats import validate_custom_buckets
+from flashserve.vllm_flags import Option
 
 USAGE = "usage: vllm serve MODEL [options]   (CPU mock of vLLM 0.33; see docs/engine-model.md)"
-JSON_FLAGS = ("--speculative-config", "--compilation-config", "--eplb-config", "--custom-histogram-buckets")
-INT_FLAGS = {
-    "--tensor-parallel-size": 1, "--pipeline-parallel-size": 1, "--data-parallel-size": 1,
-    "--data-parallel-size-local": 1, "--data-parallel-start-rank": 0, "--data-parallel-rpc-port": 1,
-    "--api-server-count": 0, "--max-num-seqs": 1, "--max-num-batched-tokens": 1, "--block-size": 1,
-    "--port": 0, "--seed": None, "--dbo-decode-token-threshold": 0, "--dbo-prefill-token-threshold": 0,
-    "--ubatch-size": 1,
-}
+# Lower bounds the mock enforces, by dest (vLLM checks these later, in its config classes).
+INT_MINIMUMS = {
+    "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
+    "data_parallel_size_local": 1, "data_parallel_start_rank": 0, "data_parallel_rpc_port": 1,
+    "api_server_count": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
+    "port": 0, "dbo_decode_token_threshold": 0, "dbo_prefill_token_threshold": 0, "ubatch_size": 1,
+}  # fmt: skip
+# Values vLLM checks after parsing (the parser has no choices for these): the mock serves an MLA model.
 CHOICES = {
-    "--all2all-backend": vllm_flags.ALL2ALL_BACKENDS,
-    "--attention-backend": vllm_flags.MLA_ATTENTION_BACKENDS,
-    "--kv-cache-dtype": vllm_flags.KV_CACHE_DTYPES,
+    "attention_backend": vllm_flags.MLA_ATTENTION_BACKENDS,
+    "kv_cache_dtype": vllm_flags.KV_CACHE_DTYPES,
 }
-SPEC_METHODS = ("mtp", "deepseek_mtp")
+# What the mock models; any other option given is checked and then listed as ignored.
+MODELLED = frozenset({
+    "host", "port", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+    "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill", "speculative_config",
+    "custom_histogram_buckets", "tensor_parallel_size", "data_parallel_size", "data_parallel_size_local",
+    "data_parallel_start_rank", "data_parallel_hybrid_lb", "data_parallel_external_lb", "headless",
+    "api_server_count", "seed", "served_model_name", "model", "config",
+})  # fmt: skip
+# DeepSeek V4.1 checkpoints ship DSpark draft stages, no classic MTP head (vLLM 0.33 config/speculative.py).
+SPEC_METHODS = ("dspark",)
 
 
 class ArgsError(Exception):
@@ -77,27 +89,37 @@ class ServeArgs:
         return self.served_model_names[0]
 
 
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _human_int(flag: str, text: str) -> int | None:
     """vLLM's human-readable sizes: 32k = 32000, 32K = 32768, 1m / 1M likewise; `auto` means the model's."""
     if text == "auto":
         return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text.strip())
     if not m:
         raise ArgsError(f"argument {flag}: invalid value {text!r} (an integer, e.g. 131072, 128k or 128K, or auto)")
     number, suffix = float(m.group(1)), m.group(2)
-    scale = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}[suffix]
+    scale = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30, "t": 10**12,
+             "T": 2**40}[suffix]  # fmt: skip
     value = int(number * scale)
     if value < 1:
         raise ArgsError(f"argument {flag}: must be positive")
     return value
 
 
-def _int(flag: str, text: str) -> int:
+def _int(flag: str, text: str, dest: str | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise ArgsError(f"argument {flag}: invalid int value: {text!r}") from None
-    minimum = INT_FLAGS.get(flag)
+    minimum = INT_MINIMUMS.get(dest or "")
     if minimum is not None and value < minimum:
         raise ArgsError(f"argument {flag}: must be >= {minimum}, got {value}")
     return value
@@ -110,99 +132,174 @@ def _json(flag: str, text: str) -> object:
         raise ArgsError(f"argument {flag}: invalid JSON ({e.msg}): {text!r}") from None
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
+def _check_value(option: Option, flag: str, text: str) -> None:
+    """argparse's `type` and `choices` checks, with the kind of value the table records."""
+    if option.none_allowed and text in ("", "None"):
+        return
+    kind = option.value
+    if kind == "int":
+        _int(flag, text)
+    elif kind == "float":
+        try:
+            float(text)
+        except ValueError:
+            raise ArgsError(f"argument {flag}: invalid float value: {text!r}") from None
+    elif kind in ("human_int", "human_int_or_auto"):
+        if not (kind == "human_int_or_auto" and text in ("-1", "auto")):
+            _human_int(flag, text)
+    elif kind == "json" or (kind == "json_or_str" and text.lstrip().startswith("{")):
+        _json(flag, text)
+    if option.choices is not None:
+        wanted = text.lower() if kind == "other" else text
+        if wanted not in [str(c) for c in option.choices]:
+            choices = ", ".join(repr(str(c)) for c in option.choices)
+            raise ArgsError(f"argument {flag}: invalid choice: {text!r} (choose from {choices})")
+
+
+def _sub_value(text: str) -> object:
+    """A `--flag.key` value, as FlexibleArgumentParser reads it: JSON, else a human-readable int, else text."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return _human_int("", text) if re.fullmatch(r"\d+(\.\d+)?[kKmMgGtT]", text.strip()) else text
+    except ArgsError:
+        return text
+
+
+def _pull_config(argv: list[str]) -> list[str]:
+    """`--config FILE` (that exact item): the YAML file's keys become flags after the model, as vLLM does."""
+    if "--config" not in argv:
+        return argv
+    at = argv.index("--config")
+    if at + 1 >= len(argv):
+        raise ArgsError("No config file specified! Please check your command-line arguments.")
+    path = argv[at + 1]
+    if not path.endswith((".yaml", ".yml")):
+        raise ArgsError(f"Config file must be of a yaml/yml type. {path.rsplit('.', 1)[-1]} supplied")
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ArgsError(f"cannot read the config file {path}: {e.strerror}") from None
+    pulled: list[str] = []
+    for key, value in config.items():
+        if isinstance(value, bool):
+            if value:
+                pulled.append(f"--{key}")
+            elif f"--no-{key}" in vllm_flags.BY_FLAG:
+                pulled.append(f"--no-{key}")
+        elif isinstance(value, list):
+            pulled += [f"--{key}", *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            pulled += [f"--{key}", json.dumps(value)]
+        else:
+            pulled += [f"--{key}", str(value)]
+    rest = argv[:at] + argv[at + 2 :]
+    model = 1 if rest and not rest[0].startswith("-") else 0
+    return rest[:model] + pulled + rest[model:]
+
+
+def _is_value(token: str) -> bool:
+    return vllm_flags.resolve(token).token.kind == "value"
+
+
+def _set_nested(tree: dict, keys: list[str], value: object) -> None:
+    for key in keys[:-1]:
+        if not isinstance(tree.get(key), dict):
+            tree[key] = {}
+        tree = tree[key]
+    if keys[-1].endswith("+"):  # `--x.key+ a,b` appends list items
+        items = value.split(",") if isinstance(value, str) else [value]
+        tree.setdefault(keys[-1][:-1], []).extend(items)
+    else:
+        tree[keys[-1]] = value
 
 
 def parse(argv: list[str]) -> ServeArgs:
     """Parse the arguments after `serve` (MODEL and flags)."""
+    argv = _pull_config(list(argv))
     values: dict[str, object] = {}
-    nested: dict[str, dict] = {}
+    sub_keys: dict[str, dict] = {}
     positionals: list[str] = []
     unknown: list[str] = []
     served: list[list[str]] = []
-    ignored: list[str] = []
+    given: list[Option] = []
     i = 0
     while i < len(argv):
-        tok = argv[i]
+        text = argv[i]
         i += 1
-        if tok in ("-h", "--help"):
-            raise HelpRequested()
-        if not tok.startswith("-") or tok == "-" or re.fullmatch(r"-\d+(\.\d+)?", tok):
-            positionals.append(tok)
+        res = vllm_flags.resolve(text)
+        tok, option = res.token, res.option
+        if tok.kind == "end":
+            positionals += argv[i:]
+            break
+        if tok.kind == "value":
+            positionals.append(text)
             continue
-        name, eq, inline = tok.partition("=")
-        key = None
-        if name.startswith("--"):
-            name = "--" + name[2:].replace("_", "-")
-            if "." in name:
-                name, key = name.split(".", 1)
-                key = key.replace("-", "_")
-        flag = vllm_flags.lookup(name)
-        if flag is None or (key is not None and flag.name not in JSON_FLAGS):
-            unknown.append(tok)
-            if not eq and i < len(argv) and not argv[i].startswith("-"):
+        if text == "-O" and (i >= len(argv) or argv[i] not in ("0", "1", "2", "3")):
+            unknown.append(text)  # FlexibleArgumentParser rewrites `-O <level>` only for levels 0-3
+            continue
+        if option is None:
+            if res.candidates:
+                raise ArgsError(f"ambiguous option: {tok.key} could match {', '.join(res.candidates)}")
+            unknown.append(text)
+            if tok.inline is None and i < len(argv) and _is_value(argv[i]):
                 i += 1  # skip its value too, so one error lists the unknown flags only
             continue
-        canonical = flag.name
-        if name.startswith("--no-"):
-            if eq:
-                raise ArgsError(f"argument {name}: ignored explicit argument {inline!r}")
-            values[canonical] = False
+        flag = res.flag or option.name
+        if option.dest == "help":
+            raise HelpRequested()
+        if option not in given:
+            given.append(option)
+        if tok.dotted is not None:
+            if tok.inline is None:
+                if i >= len(argv):
+                    raise ArgsError(f"argument {flag}: expected a value for .{tok.dotted}")
+                raw, i = argv[i], i + 1
+            else:
+                raw = tok.inline
+            _set_nested(sub_keys.setdefault(option.dest, {}), tok.dotted.split("."), _sub_value(raw))
             continue
-        if not flag.takes_value:
-            if eq:
-                raise ArgsError(f"argument {name}: ignored explicit argument {inline!r}")
-            values[canonical] = True
-            if flag.gpu_only:
-                ignored.append(canonical)
+        inline = tok.inline if tok.inline is not None else res.glued
+        if not option.takes_value:
+            if inline is not None:
+                raise ArgsError(f"argument {flag}: ignored explicit argument {inline!r}")
+            values[option.dest] = flag not in option.negative
             continue
-        if eq:
-            value = inline
-        elif i < len(argv) and (not argv[i].startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", argv[i])):
-            value = argv[i]
-            i += 1
+        if inline is not None:
+            items = [inline]
         else:
-            raise ArgsError(f"argument {name}: expected one argument")
-        if canonical == "--served-model-name":
-            names = [value]
-            while not eq and i < len(argv) and not argv[i].startswith("-"):
-                names.append(argv[i])
+            items = []
+            while i < len(argv) and _is_value(argv[i]) and (option.nargs in ("+", "*") or not items):
+                items.append(argv[i])
                 i += 1
-            served.append(names)
-            continue
-        if key is not None:
-            nested.setdefault(canonical, {})[key] = _scalar(value)
-            continue
-        values[canonical] = value
-        if flag.gpu_only and canonical not in ignored:
-            ignored.append(canonical)
+        if not items and option.nargs in ("1", "+"):
+            raise ArgsError(f"argument {flag}: expected {'one argument' if option.nargs == '1' else 'at least one'}")
+        for item in items:
+            _check_value(option, flag, item)
+        if option.dest == "served_model_name":
+            served.append(items)
+        elif option.dest == "model":
+            positionals.insert(0, items[0])  # FlexibleArgumentParser moves `--model X` to the front
+        elif option.nargs in ("+", "*"):
+            values[option.dest] = items
+        else:
+            values[option.dest] = items[0] if items else True
     if unknown:
         raise ArgsError(f"unrecognized arguments: {' '.join(unknown)}")
     if not positionals:
         raise ArgsError("the following arguments are required: model_tag")
     if len(positionals) > 1:
         raise ArgsError(f"unrecognized arguments: {' '.join(positionals[1:])}")
-    for canonical, sub in nested.items():
-        base = values.get(canonical)
-        merged = _json(canonical, base) if isinstance(base, str) else {}
-        if not isinstance(merged, dict):
-            raise ArgsError(f"argument {canonical}: must be a JSON object")
-        merged.update(sub)
-        values[canonical] = json.dumps(merged)
+    for dest, tree in sub_keys.items():
+        # appended after every other item, as vLLM does: they replace a plain JSON value, they do not merge
+        values[dest] = json.dumps(tree)
+        option = vllm_flags.BY_DEST[dest]
+        _check_value(option, option.name, values[dest])
+    ignored = [o.name for o in given if o.dest not in MODELLED]
     return _build(positionals[0], values, served, ignored)
-
-
-def _scalar(text: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: list[str]) -> ServeArgs:
@@ -217,42 +314,44 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
     names = served[-1] if served else [model]
     a = ServeArgs(model=model, served_model_names=names, ignored=ignored, warnings=warnings, raw=dict(v))
 
-    def get_int(flag: str) -> int | None:
-        return _int(flag, str(v[flag])) if flag in v else None
+    def get_int(dest: str) -> int | None:
+        if dest not in v:
+            return None
+        option = vllm_flags.BY_DEST[dest]
+        if option.value in ("human_int", "human_int_or_auto"):  # 8k, 8K
+            return _int(option.name, str(_human_int(option.name, str(v[dest]))), dest)
+        return _int(option.name, str(v[dest]), dest)
 
-    if "--host" in v:
-        a.host = str(v["--host"])
+    if "host" in v:
+        a.host = str(v["host"])
         a.host_given = True
-    port = get_int("--port")
+    port = get_int("port")
     if port is not None:
         if port > 65535:
             raise ArgsError(f"argument --port: {port} is not a valid port")
         a.port = port
-    a.max_num_seqs = get_int("--max-num-seqs")
-    a.max_num_batched_tokens = get_int("--max-num-batched-tokens")
-    a.block_size = get_int("--block-size")
-    if "--max-model-len" in v:
-        a.max_model_len = _human_int("--max-model-len", str(v["--max-model-len"]))
-    if "--gpu-memory-utilization" in v:
-        try:
-            util = float(str(v["--gpu-memory-utilization"]))
-        except ValueError:
-            raw = v["--gpu-memory-utilization"]
-            raise ArgsError(f"argument --gpu-memory-utilization: invalid float value: {raw!r}") from None
+    a.max_num_seqs = get_int("max_num_seqs")
+    a.max_num_batched_tokens = get_int("max_num_batched_tokens")
+    a.block_size = get_int("block_size")
+    if "max_model_len" in v:
+        a.max_model_len = _human_int("--max-model-len", str(v["max_model_len"]))
+    if "gpu_memory_utilization" in v:
+        util = float(str(v["gpu_memory_utilization"]))
         if not 0 < util <= 1:
             raise ArgsError("argument --gpu-memory-utilization: must be in (0, 1]")
         a.gpu_memory_utilization = util
-    if "--enable-prefix-caching" in v:
-        a.enable_prefix_caching = bool(v["--enable-prefix-caching"])
-    if "--enable-chunked-prefill" in v:
-        a.enable_chunked_prefill = bool(v["--enable-chunked-prefill"])
-    if "--seed" in v:
-        a.seed = get_int("--seed")
-    for flag, choices in CHOICES.items():
-        if flag in v and str(v[flag]) not in choices:
-            raise ArgsError(f"argument {flag}: invalid choice: {v[flag]!r} (choose from {', '.join(choices)})")
-    if "--compilation-config" in v:
-        cc = _json("--compilation-config", str(v["--compilation-config"]))
+    if "enable_prefix_caching" in v:
+        a.enable_prefix_caching = bool(v["enable_prefix_caching"])
+    if "enable_chunked_prefill" in v:
+        a.enable_chunked_prefill = bool(v["enable_chunked_prefill"])
+    if "seed" in v:
+        a.seed = get_int("seed")
+    for dest, choices in CHOICES.items():
+        if dest in v and str(v[dest]) not in choices:
+            flag = vllm_flags.BY_DEST[dest].name
+            raise ArgsError(f"argument {flag}: invalid choice: {v[dest]!r} (choose from {', '.join(choices)})")
+    if "compilation_config" in v:
+        cc = _json("--compilation-config", str(v["compilation_config"]))
         if not isinstance(cc, dict):
             raise ArgsError("argument --compilation-config: must be a JSON object")
         mode = cc.get("cudagraph_mode")
@@ -261,25 +360,28 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
                 f"argument --compilation-config: unknown cudagraph_mode {mode!r} "
                 f"(choose from {', '.join(vllm_flags.CUDAGRAPH_MODES)})"
             )
-    if "--eplb-config" in v and not isinstance(_json("--eplb-config", str(v["--eplb-config"])), dict):
+    if "eplb_config" in v and not isinstance(_json("--eplb-config", str(v["eplb_config"])), dict):
         raise ArgsError("argument --eplb-config: must be a JSON object")
-    if "--speculative-config" in v:
-        spec = _json("--speculative-config", str(v["--speculative-config"]))
+    if "speculative_config" in v:
+        spec = _json("--speculative-config", str(v["speculative_config"]))
         if not isinstance(spec, dict):
             raise ArgsError("argument --speculative-config: must be a JSON object")
-        method = str(spec.get("method") or "mtp")
-        if method == "deepseek_mtp":
-            warnings.append("method 'deepseek_mtp' is deprecated; use 'mtp'")
-        elif method not in SPEC_METHODS:
-            warnings.append(f"speculative method {method!r} is modelled with the profile's MTP acceptance")
+        method = str(spec.get("method") or "")
+        if method in ("mtp", "deepseek_mtp"):
+            raise ArgsError(
+                "argument --speculative-config: DeepSeek V4.1 has no classic-MTP draft: "
+                "use speculative method 'dspark' instead of 'mtp'"
+            )
+        if method not in SPEC_METHODS:
+            warnings.append(f"speculative method {method!r} is modelled with the profile's DSpark acceptance")
         n = spec.get("num_speculative_tokens", 1)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ArgsError("argument --speculative-config: num_speculative_tokens must be a positive integer")
         a.num_speculative_tokens = n
         a.speculative_method = method
-    if "--custom-histogram-buckets" in v:
+    if "custom_histogram_buckets" in v:
         try:
-            raw = _json("--custom-histogram-buckets", str(v["--custom-histogram-buckets"]))
+            raw = _json("--custom-histogram-buckets", str(v["custom_histogram_buckets"]))
             a.custom_buckets = validate_custom_buckets(raw)
         except ValueError as e:
             raise ArgsError(str(e)) from None
@@ -290,18 +392,18 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
 def _data_parallel(a: ServeArgs, v: dict[str, object], get_int) -> None:
     """Which DP ranks this API server manages, hence the `engine` label values (vLLM 0.33 arg_utils and
     core_client: hybrid/external LB manage the local ranks from the start rank, internal LB all of them)."""
-    a.tensor_parallel_size = get_int("--tensor-parallel-size") or 1
-    a.dp_size = get_int("--data-parallel-size") or 1
-    local = get_int("--data-parallel-size-local")
-    start = get_int("--data-parallel-start-rank") or 0
-    a.headless = bool(v.get("--headless", False))
-    a.hybrid_lb = bool(v.get("--data-parallel-hybrid-lb", False))
-    a.external_lb = bool(v.get("--data-parallel-external-lb", False))
+    a.tensor_parallel_size = get_int("tensor_parallel_size") or 1
+    a.dp_size = get_int("data_parallel_size") or 1
+    local = get_int("data_parallel_size_local")
+    start = get_int("data_parallel_start_rank") or 0
+    a.headless = bool(v.get("headless", False))
+    a.hybrid_lb = bool(v.get("data_parallel_hybrid_lb", False))
+    a.external_lb = bool(v.get("data_parallel_external_lb", False))
     if a.hybrid_lb and a.external_lb:
         raise ArgsError("--data-parallel-hybrid-lb and --data-parallel-external-lb cannot be used together")
     if a.headless and a.hybrid_lb:
         raise ArgsError("--data-parallel-hybrid-lb is not applicable with --headless")
-    if a.headless and (get_int("--api-server-count") or 0) > 0:
+    if a.headless and (get_int("api_server_count") or 0) > 0:
         raise ArgsError("--headless cannot be used with --api-server-count > 0")
     if a.external_lb:
         if local not in (None, 1):

@@ -34,7 +34,7 @@ def start_server(scale: float) -> tuple[subprocess.Popen, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHSERVE_MOCK_")}
     env.update(FLASHSERVE_MOCK_STARTUP_SECONDS="0", FLASHSERVE_MOCK_TIME_SCALE=str(scale), FLASHSERVE_MOCK_SEED="1")
     cmd = [sys.executable, "-m", "flashserve.engine.cli", "serve", MODEL, "--port", "0", "-dp", "4",
-           "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']
+           "--speculative-config", '{"method":"dspark","num_speculative_tokens":1}']
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     for line in proc.stderr:
         m = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)

@@ -251,7 +251,7 @@ async def serve(args: ServeArgs, settings: MockSettings, ready_file=None) -> Non
     for w in args.warnings:
         print(f"WARNING {w}", file=sys.stderr)
     if args.ignored:
-        print(f"INFO mock engine: ignoring GPU-only flags {' '.join(args.ignored)}", file=sys.stderr)
+        print(f"INFO mock engine: ignoring flags it does not model {' '.join(args.ignored)}", file=sys.stderr)
     runner = web.AppRunner(API(mock).app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, args.port, reuse_address=True)

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     eport, rport = _free_port(), _free_port()
     engine = subprocess.Popen([sys.executable, "-m", "flashserve.engine.cli", "serve", MODEL, "--served-model-name",
                                "dsv4", "--port", str(eport), "--data-parallel-size", "4", "--speculative-config",
-                               '{"method":"mtp","num_speculative_tokens":1}'], env=env,
+                               '{"method":"dspark","num_speculative_tokens":1}'], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     router = subprocess.Popen([sys.executable, "-m", "flashserve.router.bench", "--serve-router", str(eport),
                                str(rport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
