@@ -43,7 +43,8 @@ import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODEL_ARCHITECTURES = ("DeepseekV41ForCausalLM",)
+# The target model and the DSpark draft vLLM builds from it for speculative decoding.
+MODEL_ARCHITECTURES = ("DeepseekV41ForCausalLM", "DSparkV41DraftModel")
 MODEL_DIR = HERE.parent / "model"
 
 # name, compute capability, GPUs per node, memory per GPU (bytes). Memory: the usable HBM NVML reports.
@@ -392,18 +393,15 @@ def main() -> int:
     os.environ["FLASHSERVE_CONTRACT_WORK"] = work
     os.environ.update({"HF_HOME": os.path.join(work, "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    # vLLM caches what it learnt inspecting a model class (in a subprocess, ~10 s a class) under its cache
+    # root: keep that beside the venv so later runs skip it.
+    os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(sys.prefix, "vllm-cache"))
     _stub_native_modules()
     platform_cls = _install_platform()
     # The heavy imports once, before forking: each child then starts in milliseconds. The platform is not
     # resolved here (a child installs its own before anything reads it).
     import vllm.engine.arg_utils  # noqa: F401
     import vllm.entrypoints.cli.serve  # noqa: F401
-    from vllm.model_executor.models import registry
-
-    # The registry inspects the model class in a fresh subprocess (vLLM's own code, unstubbed), then writes
-    # what it found to a cache file through the weight loader's module, whose import-time kernel probes need
-    # a GPU. The write is only a cache: skip it.
-    registry._LazyRegisteredModel._save_modelinfo_to_cache = lambda self, mi, module_hash: None
     _import_model_stack(platform_cls)
     started = time.monotonic()
     try:
