@@ -34,15 +34,15 @@ NAMESPACED_ACCESS = {
     ("flashserve.io", "deepseekservings/status"): {"patch"},
     ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "events"): {"create"},
-    ("resource.nvidia.com", "computedomains"): {"create", "patch", "delete"},
+    ("resource.nvidia.com", "computedomains"): {"get", "create", "patch", "delete"},
 }
 # Kinds the reconciler deletes (plan.py: groups beyond replicas, pods of a group in a rollout, a NetworkPolicy
-# turned off); the PodDisruptionBudget goes with the serving through its owner reference.
-DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy"}
+# turned off, children under the names of an earlier version).
+DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy", "PodDisruptionBudget"}
 
 
 # A serving that makes the renderer produce every kind it can: multi-node groups with a ComputeDomain, and
@@ -149,7 +149,8 @@ def test_namespaced_rules_match_what_the_code_does(render):
         resource = path.split("/")[-2]
         assert re.fullmatch(r"[a-z]+", resource), path
         if (api_version, kind) in applied:
-            need(group, resource, "create", "patch")  # server-side apply creates what is missing
+            # Server-side apply creates what is missing; Kube.get reads a name first, to check who owns it.
+            need(group, resource, "create", "patch", "get")
         if kind in DELETED_KINDS:
             need(group, resource, "delete")
     assert applied <= set(kube._PATHS), "the renderer makes a kind kube.py cannot apply"
