@@ -267,8 +267,14 @@ def test_deployment_args_are_what_flashserve_run_accepts(render):
     assert args.leader_elect is True and args.lease_name == OP
     assert args.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
     assert args.resync_seconds == 30 and args.namespace is None
+    assert args.prometheus_allow is None and args.prometheus_allow_own_namespace is True
     args = _parser().parse_args(render(*COMBOS["watch-namespaces"]).find("Deployment", OP)["spec"]["template"]["spec"]["containers"][0]["args"])
     assert args.namespace == ["team-a", "team-b"]
+    dep = render("--set", "operator.prometheusAllow={*.monitoring.svc,https://thanos.example.com/prom}",
+                 "--set", "operator.prometheusAllowOwnNamespace=false").find("Deployment", OP)  # fmt: skip
+    args = _parser().parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.prometheus_allow == ["*.monitoring.svc", "https://thanos.example.com/prom"]
+    assert args.prometheus_allow_own_namespace is False
 
 
 def test_image_digest_and_names(render):
@@ -287,6 +293,7 @@ def test_image_digest_and_names(render):
     (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
     (["--set", "monitoring.prometheusRule.sla.percentile=abc"], "/monitoring/prometheusRule/sla/percentile"),
     (["--set", "operator.prometheusUrl=prometheus:9090"], "/operator/prometheusUrl"),
+    (["--set", "operator.prometheusAllow={has space}"], "/operator/prometheusAllow/0"),
     (["--set", "operator.leaderElection.enabled=false"], "replicaCount > 1 needs operator.leaderElection.enabled"),
     (["--set", "monitoring.enabled=true", "--set", "metrics.service.enabled=false"], "needs metrics.service.enabled"),
 ])  # fmt: skip

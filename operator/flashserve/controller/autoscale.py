@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from flashserve.api.v1alpha1 import DeepSeekServing
+from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.metrics import fetch_async
 from flashserve.autoscaling.policy import Decision, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts, decide
 from flashserve.controller.kube import Kube
@@ -59,8 +60,9 @@ def _round(v: float | None, digits: int = 1) -> float | None:
 
 
 class Autoscaler:
-    def __init__(self, default_prometheus_url: str | None = None):
+    def __init__(self, default_prometheus_url: str | None = None, allow: PrometheusAllowList | None = None):
         self.default_prometheus_url = default_prometheus_url
+        self.allow = allow or PrometheusAllowList(operator_url=default_prometheus_url)
         self.servings: dict[tuple[str, str], _ServingState] = {}
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (namespace, serving, reason)
 
@@ -110,7 +112,10 @@ class Autoscaler:
             starting=sum(g.exists and not g.ready and not g.unschedulable for g in groups),
             pending=sum(bool(g.unschedulable) for g in groups) + sum(not g.exists for g in groups),
         )
-        if url:
+        refusal = self.allow.refusal(url, namespace) if url and url != self.default_prometheus_url else None
+        if refusal:
+            snapshot, error = None, f"NotAllowed: spec.autoscaling.prometheusUrl {url}: {refusal}"
+        elif url:
             res = await fetch_async(url, namespace, serving_label_value(name), cfg.metrics_window_s, cfg.percentile)
             snapshot, error = res.snapshot, res.error
         else:
