@@ -208,3 +208,22 @@ def test_children_move_to_the_current_names_group_by_group(events, name):
     assert kube.names("Service") == set(new) | {service_name(name)}, "old shared objects go once no old group is left"
     assert kube.names("PodDisruptionBudget") == {name}
     assert status["readyReplicas"] == 3 and conditions(status)["Progressing"]["reason"] == "Complete"
+
+
+def test_an_invalid_spec_with_a_huge_message_still_gets_a_valid_status(events):
+    from flashserve.api.v1alpha1 import DeepSeekServingStatus
+
+    kube = FakeKube()
+    spec = {f"unknownField{i:04d}": 1 for i in range(1000)}  # ~100 kB of errors
+    status = reconcile(controller(kube), kube, body("flash", spec))
+    ready = conditions(status)["Ready"]
+    assert ready["reason"] == "InvalidSpec" and "more" in ready["message"]
+    DeepSeekServingStatus.model_validate(status)  # within the CRD's limits, so the API server takes the patch
+
+
+def test_other_tools_conditions_survive_a_reconcile(events):
+    kube = FakeKube()
+    theirs = {"type": "policy.example.com/Approved", "status": "True", "reason": "Reviewed", "message": "ok",
+              "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
+    status = reconcile(controller(kube), kube, body("flash", status={"conditions": [theirs]}))
+    assert theirs in status["conditions"]
