@@ -144,3 +144,28 @@ def test_learned_state_is_restored_from_the_annotation(prometheus, events):
     assert restarted._state(body).policy.to_dict() == saved
     body["metadata"]["annotations"] = {STATE_ANNOTATION: "{not json"}
     assert loopback_scaler()._state(body).policy is not None, "a broken annotation falls back to defaults"
+
+
+@pytest.mark.parametrize("saved", [
+    {"lastDesired": 10**400},  # a float() of it raises OverflowError
+    {"capacity": {"w": 10**400, "n": 1}},
+    {"demand": {"level": 10**400, "trend": 0, "noise": 0, "t": 0}},
+    {"peaks": [[0, 10**400]]},
+    {"lastDesired": 1e308, "ready": 10**300},
+])  # fmt: skip
+def test_a_huge_number_in_the_state_annotation_falls_back_to_defaults(prometheus, events, saved):
+    url, _ = prometheus
+    body = body_for(url)
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps(saved)}
+    conds, _ = evaluate(loopback_scaler(), body, ready_observed(2), RecordingKube())
+    assert {c.type for c in conds} >= {"MetricsAvailable"}
+
+
+def test_a_deleted_serving_leaves_no_series(prometheus, events):
+    url, _ = prometheus
+    scaler = loopback_scaler()
+    evaluate(scaler, body_for(url), ready_observed(2), RecordingKube())
+    assert any(k[:2] == ("team-a", "flash") for k in scaler.decisions)
+    scaler.forget("team-a", "flash")
+    series = [s for family in scaler.collect() for s in family.samples]
+    assert not [s for s in series if s.labels.get("serving") == "flash"], "the decision counter is pruned too"

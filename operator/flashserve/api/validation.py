@@ -167,7 +167,16 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
             )
     seen_env: set[str] = set()
     for i, env in enumerate(eng.env):
-        if env.name in MANAGED_ENV:
+        if _is_hub_token(env.name):
+            errs.append(
+                FieldError(
+                    f"spec.engine.env[{i}].name",
+                    f"{env.name} would hand the engine a Hugging Face token outside the operator's control (an "
+                    "inline value is readable by anyone who can read the serving): put the token in a Secret "
+                    "and name it in spec.model.source.huggingFace.tokenSecretRef",
+                )
+            )
+        elif env.name in MANAGED_ENV:
             hint = "use spec.model.source" if env.name.startswith("HF_") else "remove it"
             errs.append(
                 FieldError(f"spec.engine.env[{i}].name", f"{env.name} is managed by the operator: {hint}")
@@ -191,6 +200,13 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
             )
         )
     return errs
+
+
+def _is_hub_token(name: str) -> bool:
+    """HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HUGGINGFACE_TOKEN, HUGGINGFACEHUB_API_TOKEN, HF_API_TOKEN, ...:
+    every spelling the Hub client libraries read a token from."""
+    n = name.upper()
+    return "TOKEN" in n and (n.startswith("HF_") or "HUGGING" in n)
 
 
 def _is_size(text: str) -> bool:

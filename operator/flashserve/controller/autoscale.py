@@ -79,10 +79,11 @@ class Autoscaler:
         if key not in self.servings:
             raw = (body["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
             try:
-                saved = json.loads(raw) if raw else None
-            except ValueError:
-                saved = None  # a hand-edited annotation must not break the operator
-            self.servings[key] = _ServingState(PolicyState.from_dict(saved), persisted_at=time.time())
+                policy = PolicyState.from_dict(json.loads(raw) if raw else None)
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                # A hand-edited annotation (e.g. a number too big for a float) must not break every reconcile.
+                policy = PolicyState()
+            self.servings[key] = _ServingState(policy, persisted_at=time.time())
         return self.servings[key]
 
     def config(self, obj: DeepSeekServing) -> PolicyConfig:
@@ -203,4 +204,7 @@ class Autoscaler:
         yield from (desired, current, speed, met, decisions)
 
     def forget(self, namespace: str, name: str) -> None:
+        """A serving is gone: its state and its series (the decision counter included) go with it."""
         self.servings.pop((namespace, name), None)
+        for key in [k for k in self.decisions if k[:2] == (namespace, name)]:
+            del self.decisions[key]
