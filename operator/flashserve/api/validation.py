@@ -8,6 +8,7 @@ past an older CRD.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -16,6 +17,10 @@ from flashserve.accelerators import accelerator
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
 from flashserve.layout import layout
 from flashserve.vllm_args import MANAGED_ENV, MANAGED_FLAGS, managed_flag_of
+
+
+_K8S_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_DNS_LABEL = re.compile(r"(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -243,8 +248,18 @@ def parse_serving(obj: dict) -> DeepSeekServing:
     if obj.get("kind") != "DeepSeekServing":
         errs.append(FieldError("kind", f"must be DeepSeekServing (got {obj.get('kind')!r})"))
     meta = obj.get("metadata") or {}
-    if not isinstance(meta, dict) or not meta.get("name"):
+    if not isinstance(meta, dict):
+        errs.append(FieldError("metadata", "must be a mapping with at least a name"))
+        meta = {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if name is None or name == "":
         errs.append(FieldError("metadata.name", "required: name the serving"))
+    elif not isinstance(name, str) or not _K8S_NAME.fullmatch(name):
+        errs.append(FieldError("metadata.name", f"{name!r} is not a Kubernetes name: lowercase letters, digits, "
+                                                "'-' and '.', starting and ending with a letter or digit, at most 253"))  # fmt: skip
+    if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace)):
+        errs.append(FieldError("metadata.namespace", f"{namespace!r} is not a namespace name: lowercase letters, "
+                                                     "digits and '-', at most 63"))  # fmt: skip
     try:
         spec = parse_spec(obj.get("spec"))
     except SpecError as exc:
