@@ -227,3 +227,25 @@ def test_other_tools_conditions_survive_a_reconcile(events):
               "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
     status = reconcile(controller(kube), kube, body("flash", status={"conditions": [theirs]}))
     assert theirs in status["conditions"]
+
+
+def test_a_compute_domain_of_another_owner_is_not_deleted(events):
+    from flashserve.naming import compute_domain_name
+
+    kube = FakeKube()
+    c = controller(kube)
+    spec = {"replicas": 1, "parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
+    reconcile(c, kube, body("flash", spec))
+    cd = ("ComputeDomain", NS, compute_domain_name("flash", 0))
+    assert cd in kube.objects
+    kube.objects[cd]["metadata"]["ownerReferences"] = [{"kind": "DeepSeekServing", "name": "other", "uid": "uid-other",
+                                                        "controller": True}]  # fmt: skip
+    off = {**spec, "placement": {"computeDomain": {"enabled": False}}}
+    reconcile(c, kube, body("flash", off))
+    assert cd in kube.objects, "not this serving's to delete"
+    kube.objects[cd]["metadata"]["ownerReferences"][0]["uid"] = "uid-flash"
+    # Back on with the domain, then off again: now it is ours and goes.
+    reconcile(c, kube, body("flash", spec))
+    c._recent.clear()
+    reconcile(c, kube, body("flash", off))
+    assert cd not in kube.objects

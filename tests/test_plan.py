@@ -111,3 +111,26 @@ def test_template_hash_is_what_the_statefulset_and_pods_carry():
     h = template_hash(obj.spec)
     assert sts["metadata"]["annotations"]["flashserve.io/template-hash"] == h
     assert sts["spec"]["template"]["metadata"]["annotations"]["flashserve.io/template-hash"] == h
+
+
+def test_turning_compute_domains_off_deletes_them_group_by_group():
+    from flashserve.naming import compute_domain_name
+
+    spec = {"replicas": 2, "parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
+    on = serving(spec)
+    off = serving({**spec, "placement": {"computeDomain": {"enabled": False}}})
+    observed = observe(on)
+    p = plan(off, observed)
+    assert p.rolling == [0]
+    assert p.delete_first == [("ComputeDomain", compute_domain_name("flash", 0))], "group 0's, before its new template"
+    assert not [d for d in p.delete if d[0] == "ComputeDomain"], "group 1 keeps its domain until its turn"
+    assert not [o for o in p.apply if o["kind"] == "ComputeDomain"]
+
+
+def test_scale_down_deletes_the_compute_domains_of_removed_groups():
+    from flashserve.naming import compute_domain_name
+
+    spec = {"parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
+    p = plan(serving({**spec, "replicas": 1}), observe(serving({**spec, "replicas": 3})))
+    assert [d for d in p.delete if d[0] == "ComputeDomain"] == [("ComputeDomain", compute_domain_name("flash", 2)),
+                                                               ("ComputeDomain", compute_domain_name("flash", 1))]  # fmt: skip
