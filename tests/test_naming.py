@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from flashserve.api.validation import parse_serving
@@ -78,6 +78,7 @@ def _claims(objs: list[dict]) -> set[str]:
             for c in o["spec"]["template"]["spec"].get("resourceClaims", [])}  # fmt: skip
 
 
+@settings(deadline=None, max_examples=80)  # each example renders two whole servings
 @given(st.one_of(names, near), st.one_of(names, near))
 def test_two_servings_never_share_a_child_or_a_pod_selector(a, b):
     assume(a != b)

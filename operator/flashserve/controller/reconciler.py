@@ -165,15 +165,16 @@ class Controller:
             return
         obj = DeepSeekServing(metadata=dict(meta), spec=spec)
 
+        # Decide over this serving's own children only; `observed` (everything carrying its labels) is kept
+        # to check, before each write, that no other object owns the name.
+        mine = owned(observed, meta.get("uid"), serving_label_value(name))
         extra_conds: list[Cond] = []
         if self.autoscaler is not None and spec.autoscaling.enabled:
-            extra_conds, scaled = await self.autoscaler.evaluate(body, obj, observed, self.kube, logger)
+            extra_conds, scaled = await self.autoscaler.evaluate(body, obj, mine, self.kube, logger)
             if scaled is not None:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
-        # Plan over this serving's own children only; `observed` (everything carrying its labels) is kept to
-        # check, before each write, that no other object owns the name.
-        p = plan(obj, owned(observed, meta.get("uid"), serving_label_value(name)))
+        p = plan(obj, mine)
         self._skip_repeats(namespace, p)
         outcome = Outcome()
         if p.writes:
