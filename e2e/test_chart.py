@@ -17,6 +17,7 @@ import yaml
 
 from e2e.conftest import CRD_NAME
 from e2e.support import OperatorProcess, condition, get_json, wait_until
+from flashserve.naming import group_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "flashserve"
@@ -172,7 +173,7 @@ def test_helm_install_namespaced_operator_reconciles_and_autoscales_with_chart_r
             events = get_json(kubectl, "-n", target, "events", "--field-selector", "involvedObject.name=flash")
             reasons = {e["reason"] for e in events["items"]}
             assert "Scaled" in reasons and "GroupsCreated" in reasons, reasons
-            assert {s["metadata"]["name"] for s in get_json(kubectl, "-n", target, "sts")["items"]} == {"flash-g0", "flash-g1"}
+            assert {s["metadata"]["name"] for s in get_json(kubectl, "-n", target, "sts")["items"]} == {group_name("flash", 0), group_name("flash", 1)}
 
             # A hand edit of the autoscaler's bounds goes through the same path: scale down to the new minimum.
             kubectl("-n", target, "patch", "dss", "flash", "--type=merge",

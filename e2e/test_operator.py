@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from e2e.support import OperatorProcess, condition, get_json, wait_until
+from flashserve.naming import group_name
 
 SAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "manifests" / "samples"
 
@@ -73,7 +74,7 @@ def test_create_places_groups_in_one_clique_and_becomes_ready(operator, kubectl,
     obj = serving(kubectl, namespace)
     uid = obj["metadata"]["uid"]
     stss = statefulsets(kubectl, namespace)
-    assert sorted(s["metadata"]["name"] for s in stss) == ["flash-g0", "flash-g1"]
+    assert sorted(s["metadata"]["name"] for s in stss) == [group_name("flash", 0), group_name("flash", 1)]
     for kind in ("statefulsets", "services", "poddisruptionbudgets"):
         for child in get_json(kubectl, "-n", namespace, kind)["items"]:
             refs = child["metadata"].get("ownerReferences") or []
@@ -142,7 +143,7 @@ def test_scale_with_kubectl_scale(operator, kubectl, namespace, path):
         kubectl("-n", namespace, "scale", "dss/flash", f"--replicas={n}")
         wait_until(lambda: ready(kubectl, namespace, replicas=n), 60, what=f"{n} ready groups")
         names = sorted(s["metadata"]["name"] for s in statefulsets(kubectl, namespace))
-        assert names == [f"flash-g{i}" for i in range(n)], names
+        assert names == [group_name("flash", i) for i in range(n)], names
     scale = get_json(kubectl, "-n", namespace, "dss", "flash", "--subresource=scale")
     assert scale["status"]["replicas"] == path[-1] and scale["status"]["selector"] == "flashserve.io/serving=flash"
 
@@ -158,16 +159,16 @@ def test_delete_garbage_collects_children(operator, kubectl, namespace):
 def test_drift_is_restored(operator, kubectl, namespace):
     apply_serving(kubectl, namespace, {"replicas": 2})
     wait_until(lambda: ready(kubectl, namespace), 60, what="Ready=True")
-    sts_uid = get_json(kubectl, "-n", namespace, "sts", "flash-g1")["metadata"]["uid"]
-    kubectl("-n", namespace, "delete", "sts", "flash-g1", "--wait=false")
+    sts_uid = get_json(kubectl, "-n", namespace, "sts", group_name("flash", 1))["metadata"]["uid"]
+    kubectl("-n", namespace, "delete", "sts", group_name("flash", 1), "--wait=false")
     kubectl("-n", namespace, "delete", "svc", "flash")
-    kubectl("-n", namespace, "patch", "sts", "flash-g0", "--type", "merge",
+    kubectl("-n", namespace, "patch", "sts", group_name("flash", 0), "--type", "merge",
             "-p", '{"spec":{"template":{"spec":{"terminationGracePeriodSeconds":30}}}}')  # fmt: skip
-    wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", "flash-g1")["metadata"]["uid"] != sts_uid, 20,
+    wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", group_name("flash", 1))["metadata"]["uid"] != sts_uid, 20,
                what="deleted StatefulSet recreated")  # fmt: skip
     wait_until(lambda: kubectl("-n", namespace, "get", "svc", "flash", check=False).returncode == 0, 20,
                what="client Service recreated")  # fmt: skip
-    wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", "flash-g0")["spec"]["template"]["spec"]
+    wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", group_name("flash", 0))["spec"]["template"]["spec"]
                ["terminationGracePeriodSeconds"] == 120, 20, what="edited StatefulSet restored")  # fmt: skip
     events = get_json(kubectl, "-n", namespace, "events", "--field-selector", "involvedObject.kind=DeepSeekServing")
     assert any(e["reason"] == "DriftCorrected" for e in events["items"])
@@ -198,7 +199,7 @@ def test_admission_rejects_cel_rule(kubectl, namespace, crd_installed):
 def _no_duplicates_or_orphans(kubectl, namespace: str, replicas: int, nodes: int) -> bool:
     names = sorted(s["metadata"]["name"] for s in statefulsets(kubectl, namespace))
     live = [p for p in pods(kubectl, namespace) if not p["metadata"].get("deletionTimestamp")]
-    return names == [f"flash-g{i}" for i in range(replicas)] and len(live) == replicas * nodes
+    return names == [group_name("flash", i) for i in range(replicas)] and len(live) == replicas * nodes
 
 
 def test_sigkill_mid_scale_up_converges(operator, kubectl, namespace):

@@ -15,16 +15,17 @@ from hypothesis import strategies as st
 from e2e.support import OperatorProcess, condition, get_json, restart_process, wait_until
 from e2e.tcp_proxy import SilenceableProxy
 from e2e.test_operator import apply_serving, operator, pods, ready, serving, statefulsets  # noqa: F401
+from flashserve.naming import group_name
 
 
 def test_hand_scaled_statefulset_is_restored_with_an_event(operator, kubectl, namespace):  # noqa: F811
     apply_serving(kubectl, namespace, {"replicas": 1, "parallelism": {"nodesPerReplica": 2}})
     wait_until(lambda: ready(kubectl, namespace), 60, what="Ready")
-    kubectl("-n", namespace, "scale", "sts/flash-g0", "--replicas=5")
-    wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", "flash-g0")["spec"]["replicas"] == 2, 20,
+    kubectl("-n", namespace, "scale", f"sts/{group_name('flash', 0)}", "--replicas=5")
+    wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", group_name("flash", 0))["spec"]["replicas"] == 2, 20,
                what="StatefulSet size restored")  # fmt: skip
     events = get_json(kubectl, "-n", namespace, "events", "--field-selector", "involvedObject.kind=DeepSeekServing")
-    assert any(e["reason"] == "DriftCorrected" and "flash-g0" in e["message"] for e in events["items"])
+    assert any(e["reason"] == "DriftCorrected" and group_name("flash", 0) in e["message"] for e in events["items"])
     wait_until(lambda: ready(kubectl, namespace) and len(pods(kubectl, namespace)) == 2, 60, what="back to 2 pods")
 
 
@@ -46,14 +47,14 @@ def test_silent_watch_is_detected_and_recovered(cluster, namespace, crd_installe
         op.wait_serving()
         apply_serving(kubectl, namespace, {"replicas": 1})
         wait_until(lambda: ready(kubectl, namespace), 60, what="Ready")
-        uid = get_json(kubectl, "-n", namespace, "sts", "flash-g0")["metadata"]["uid"]
+        uid = get_json(kubectl, "-n", namespace, "sts", group_name("flash", 0))["metadata"]["uid"]
         frozen = proxy.silence_existing()
         assert frozen >= 5, "the operator's watches run through the proxy"
-        kubectl("-n", namespace, "delete", "sts", "flash-g0", "--wait=false")
+        kubectl("-n", namespace, "delete", "sts", group_name("flash", 0), "--wait=false")
         t0 = time.monotonic()
         # Client watch timeout (12 s), re-list, then writes that first fail on the frozen pooled connections
         # (15 s request timeout) and are retried on fresh ones: well under two minutes on a loaded machine.
-        wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", "flash-g0")["metadata"]["uid"] != uid, 150,
+        wait_until(lambda: get_json(kubectl, "-n", namespace, "sts", group_name("flash", 0))["metadata"]["uid"] != uid, 150,
                    what="StatefulSet restored after the silent watch was replaced")  # fmt: skip
         recovered = time.monotonic() - t0
         assert recovered > 3, "restored too fast for the watch to have been silent: the test proves nothing"
@@ -85,7 +86,7 @@ def test_api_server_restart_mid_reconcile_recovers(operator, kubectl, namespace,
     wait_until(lambda: ready(kubectl, namespace, replicas=5), 120, what="converged after the API server restart")
     assert not operator.exited(), "the operator survived the outage"
     names = sorted(s["metadata"]["name"] for s in statefulsets(kubectl, namespace))
-    assert names == [f"flash-g{i}" for i in range(5)]
+    assert names == [group_name("flash", i) for i in range(5)]
 
 
 def test_lost_node_pods_are_rescheduled(operator, kubectl, namespace, cluster):  # noqa: F811
@@ -115,7 +116,7 @@ def test_secrets_never_leak(operator, kubectl, namespace):  # noqa: F811
         for kind in ("dss", "statefulsets", "pods", "services", "events")
     )
     assert "hf" in everything and secret_value not in everything
-    env = get_json(kubectl, "-n", namespace, "sts", "flash-g0")["spec"]["template"]["spec"]["containers"][0]["env"]
+    env = get_json(kubectl, "-n", namespace, "sts", group_name("flash", 0))["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}} in env
     assert secret_value not in operator.logs()
 

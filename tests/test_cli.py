@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -56,3 +58,58 @@ def test_validate_command():
 def test_unknown_command_exits_2():
     out = run("frobnicate")
     assert out.returncode == 2 and "unknown command" in out.stderr
+
+
+GOOD = ("apiVersion: flashserve.io/v1alpha1\nkind: DeepSeekServing\nmetadata: {name: flash}\nspec: {replicas: 1}\n")
+
+
+def _refused(*args: str, stdin: str | None = None) -> str:
+    out = run(*args, stdin=stdin)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stdout == "" and "Traceback" not in out.stderr, out.stderr
+    return out.stderr
+
+
+@pytest.mark.parametrize("command", ["render", "validate"])
+def test_hostile_files_get_a_clear_error(tmp_path, command):
+    def check(name: str, data: bytes, words: str) -> None:
+        path = tmp_path / name
+        path.write_bytes(data)
+        err = _refused(command, *(["-f"] if command == "render" else []), str(path))
+        assert words in err, err
+
+    check("latin1.yaml", GOOD.replace("flash", "fl\xe4sh").encode("latin-1"), "not UTF-8")
+    check("binary.yaml", bytes(range(256)) * 4, "binary")
+    check("deep.yaml", ("[" * 100_000 + "]" * 100_000).encode(), "nested deeper")
+    check("deep-map.yaml", "".join(f"{' ' * i}a:\n" for i in range(200)).encode(), "nested deeper")
+    check("name.yaml", GOOD.replace("{name: flash}", "{name: 12345}").encode(), "metadata.name")
+    check("name-list.yaml", GOOD.replace("{name: flash}", "{name: [a]}").encode(), "metadata.name")
+    check("ns.yaml", GOOD.replace("{name: flash}", "{name: flash, namespace: {x: 1}}").encode(), "metadata.namespace")
+    check("meta.yaml", GOOD.replace("metadata: {name: flash}", "metadata: [flash]").encode(), "metadata")
+
+
+def test_billion_laughs_is_refused_at_once():
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+    bomb = "\n".join(lines) + "\n"
+    t0 = time.monotonic()
+    err = _refused("render", "-f", "-", stdin=bomb)
+    assert "aliases" in err and time.monotonic() - t0 < 10
+
+
+def test_validate_and_render_agree(tmp_path, monkeypatch, capsys):
+    """A file validate calls valid is one render renders: validate runs the renderer too."""
+    from flashserve.api.validation import FieldError, SpecError
+    from flashserve.commands import render as cmd
+
+    path = tmp_path / "ok.yaml"
+    path.write_text(GOOD)
+    assert cmd.validate_main([str(path)]) == 0
+
+    def refuse(obj):
+        raise SpecError([FieldError("spec", "the renderer refuses this")])
+
+    monkeypatch.setattr(cmd, "render_serving", refuse)
+    assert cmd.main(["-f", str(path)]) == 2
+    assert cmd.validate_main([str(path)]) == 2
+    assert "the renderer refuses this" in capsys.readouterr().err

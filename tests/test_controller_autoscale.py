@@ -13,9 +13,15 @@ import pytest
 
 from flashserve.api.validation import parse_serving
 from flashserve.controller import autoscale as autoscale_mod
+from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.controller.autoscale import STATE_ANNOTATION, Autoscaler
 from flashserve.controller.observe import Observed, PodView
 from tests.autoscaling.test_metrics import CANNED, FakePrometheus
+
+
+def loopback_scaler() -> Autoscaler:
+    """The fake Prometheus listens on 127.0.0.1, which a serving may name only when the operator allows it."""
+    return Autoscaler(allow=PrometheusAllowList(entries=("127.0.0.1",)))
 
 
 class RecordingKube:
@@ -83,7 +89,7 @@ def test_breach_scales_up_at_once_and_reports(prometheus, events):
     # 2 replicas, 900 users running: per-user speed far below 100 tok/s on the per-request reading (1 / 20 ms;
     # the per-step one, 1.6 tokens / 16 ms = 100 tok/s, would not show it).
     fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
-    scaler, kube = Autoscaler(), RecordingKube()
+    scaler, kube = loopback_scaler(), RecordingKube()
     body = body_for(url)
     conds, scaled = evaluate(scaler, body, ready_observed(2), kube)
     assert scaled is not None and scaled > 2
@@ -101,14 +107,14 @@ def test_breach_scales_up_at_once_and_reports(prometheus, events):
 def test_advisory_mode_reports_without_writing(prometheus, events):
     url, fake = prometheus
     fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
-    scaler, kube = Autoscaler(), RecordingKube()
+    scaler, kube = loopback_scaler(), RecordingKube()
     conds, scaled = evaluate(scaler, body_for(url, mode="Advisory"), ready_observed(2), kube)
     assert scaled is None and not [c for c in kube.calls if c[0] == "replicas"]
     assert events and events[-1]["reason"] == "AdvisoryScale"
 
 
 def test_prometheus_down_holds_with_metrics_unavailable(events):
-    scaler, kube = Autoscaler(), RecordingKube()
+    scaler, kube = loopback_scaler(), RecordingKube()
     conds, scaled = evaluate(scaler, body_for("http://127.0.0.1:9"), ready_observed(3), kube)
     assert scaled is None and not kube.calls
     metrics = {c.type: c for c in conds}["MetricsAvailable"]
@@ -117,7 +123,7 @@ def test_prometheus_down_holds_with_metrics_unavailable(events):
 
 def test_evaluations_are_paced_by_the_interval(prometheus, events):
     url, _ = prometheus
-    scaler, kube = Autoscaler(), RecordingKube()
+    scaler, kube = loopback_scaler(), RecordingKube()
     body = body_for(url)
     evaluate(scaler, body, ready_observed(2), kube)
     seen = len(FakePrometheus.seen)
@@ -129,12 +135,37 @@ def test_evaluations_are_paced_by_the_interval(prometheus, events):
 def test_learned_state_is_restored_from_the_annotation(prometheus, events):
     url, fake = prometheus
     fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
-    scaler, kube = Autoscaler(), RecordingKube()
+    scaler, kube = loopback_scaler(), RecordingKube()
     evaluate(scaler, body_for(url), ready_observed(2), kube)
     saved = [c for c in kube.calls if c[0] == "annotate"][-1][2]
-    restarted = Autoscaler()
+    restarted = loopback_scaler()
     body = body_for(url)
     body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps(saved)}
     assert restarted._state(body).policy.to_dict() == saved
     body["metadata"]["annotations"] = {STATE_ANNOTATION: "{not json"}
-    assert Autoscaler()._state(body).policy is not None, "a broken annotation falls back to defaults"
+    assert loopback_scaler()._state(body).policy is not None, "a broken annotation falls back to defaults"
+
+
+@pytest.mark.parametrize("saved", [
+    {"lastDesired": 10**400},  # a float() of it raises OverflowError
+    {"capacity": {"w": 10**400, "n": 1}},
+    {"demand": {"level": 10**400, "trend": 0, "noise": 0, "t": 0}},
+    {"peaks": [[0, 10**400]]},
+    {"lastDesired": 1e308, "ready": 10**300},
+])  # fmt: skip
+def test_a_huge_number_in_the_state_annotation_falls_back_to_defaults(prometheus, events, saved):
+    url, _ = prometheus
+    body = body_for(url)
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps(saved)}
+    conds, _ = evaluate(loopback_scaler(), body, ready_observed(2), RecordingKube())
+    assert {c.type for c in conds} >= {"MetricsAvailable"}
+
+
+def test_a_deleted_serving_leaves_no_series(prometheus, events):
+    url, _ = prometheus
+    scaler = loopback_scaler()
+    evaluate(scaler, body_for(url), ready_observed(2), RecordingKube())
+    assert any(k[:2] == ("team-a", "flash") for k in scaler.decisions)
+    scaler.forget("team-a", "flash")
+    series = [s for family in scaler.collect() for s in family.samples]
+    assert not [s for s in series if s.labels.get("serving") == "flash"], "the decision counter is pruned too"

@@ -12,6 +12,7 @@ from tests.test_controller_autoscale import (  # noqa: F401 - fixtures
     body_for,
     evaluate,
     events,
+    loopback_scaler,
     prometheus,
     ready_observed,
 )
@@ -33,11 +34,9 @@ class ConflictingKube(RecordingKube):
 
 
 def test_conflict_on_the_replicas_write_is_retried_on_the_next_version(prometheus, events):  # noqa: F811
-    from flashserve.controller.autoscale import Autoscaler
-
     url, fake = prometheus
     fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
-    scaler, kube = Autoscaler(), ConflictingKube()
+    scaler, kube = loopback_scaler(), ConflictingKube()
     body = body_for(url)
     conds, scaled = evaluate(scaler, body, ready_observed(2), kube)
     assert scaled is None, "a refused write is not reported as a scaling"

@@ -118,3 +118,26 @@ def test_nested_objects_default_to_empty_so_defaults_apply():
 
 def test_crd_yaml_round_trips():
     assert yaml.safe_load(crd_yaml()) == generate_crd()
+
+
+def _unbounded_strings(node: dict, path: str = "") -> list[str]:
+    out = []
+    if node.get("type") == "string" and "maxLength" not in node and "enum" not in node:
+        out.append(path or ".")
+    for key, sub in (node.get("properties") or {}).items():
+        out += _unbounded_strings(sub, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        out += _unbounded_strings(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += _unbounded_strings(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+def test_every_free_string_has_a_max_length():
+    """Unbounded strings let one object carry megabytes (etcd's limit is 1.5 MiB) and make CEL rule costs
+    unbounded; a status message over the schema's limit makes the whole status patch invalid."""
+    from flashserve.api.crd import generate_crd
+
+    schema = generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _unbounded_strings(schema["properties"]["spec"], "spec") == []
+    assert _unbounded_strings(schema["properties"]["status"], "status") == []

@@ -6,6 +6,7 @@ import jinja2
 import pytest
 
 from flashserve.api.validation import parse_serving
+from flashserve.naming import group_name
 from flashserve.render import _env, render, render_serving, template_hash
 
 
@@ -65,12 +66,14 @@ def test_multi_node_group_stays_in_one_clique_and_has_a_leader_service():
     assert sts["spec"]["podManagementPolicy"] == "Parallel" and sts["spec"]["replicas"] == 2
     assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
     aff = sts["spec"]["template"]["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert aff == [{"labelSelector": {"matchLabels": {"flashserve.io/serving": "flash", "flashserve.io/group": "1"}},
+    g1 = group_name("flash", 1)
+    assert aff == [{"labelSelector": {"matchLabels": {"flashserve.io/serving": "flash", "flashserve.io/group": "1",
+                                                      "flashserve.io/group-name": g1}},
                     "topologyKey": "nvidia.com/gpu.clique"}]  # fmt: skip
-    headless = [s for s in by_kind(objs, "Service") if s["metadata"]["name"] == "flash-g1"][0]
+    headless = [s for s in by_kind(objs, "Service") if s["metadata"]["name"] == g1][0]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
     args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--data-parallel-address") + 1] == "flash-g1-0.flash-g1.ns.svc"
+    assert args[args.index("--data-parallel-address") + 1] == f"{g1}-0.{g1}.ns.svc"
     env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["FLASHSERVE_POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.labels['apps.kubernetes.io/pod-index']"

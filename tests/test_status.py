@@ -27,3 +27,29 @@ def test_transitions_emit_events_for_changes_only():
     assert transitions(a, a) == []
     b = merge_conditions(a, [Cond("Ready", "False", "InvalidSpec", "spec.x: bad")], "T2", 2)
     assert transitions(a, b) == [("Warning", "InvalidSpec", "spec.x: bad")]
+
+
+def test_long_messages_are_capped_with_a_count_of_what_was_left_out():
+    from flashserve.controller.status import MESSAGE_MAX_BYTES, invalid_spec_conditions, join_capped
+
+    errors = [f"spec.field{i}: unknown field: remove it" for i in range(2000)]
+    msg = invalid_spec_conditions(errors)[0].message
+    assert len(msg.encode()) <= MESSAGE_MAX_BYTES and msg.startswith("spec.field0: ")
+    shown = msg.count("unknown field")
+    assert msg.endswith(f"… and {2000 - shown} more")
+    assert join_capped(["a", "b"]) == "a; b"
+    assert len(join_capped(["é" * 10000]).encode()) <= MESSAGE_MAX_BYTES  # one huge part is cut, on a character
+    merged = merge_conditions(None, [Cond("Ready", "False", "X", "x" * 100_000)], "T", 1)
+    assert len(merged[0]["message"].encode()) <= MESSAGE_MAX_BYTES
+
+
+def test_conditions_of_other_tools_are_kept():
+    from flashserve.controller.status import previous_conditions
+
+    theirs = {"type": "example.com/Audited", "status": "True", "reason": "Checked", "message": "",
+              "lastTransitionTime": "T0"}  # fmt: skip
+    ours = merge_conditions(None, [Cond("Ready", "True", "AllReplicasReady", "")], "T1", 1)
+    previous = previous_conditions(ours, [theirs, {"type": "Ready", "status": "False"}])
+    merged = merge_conditions(previous, [Cond("Ready", "True", "AllReplicasReady", "")], "T2", 2)
+    assert theirs in merged, "another tool's condition survives the operator's status write"
+    assert [c for c in merged if c["type"] == "Ready"][0]["lastTransitionTime"] == "T1", "ours come from what we wrote"

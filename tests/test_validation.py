@@ -92,3 +92,11 @@ def test_document_level_errors_name_fields():
 def test_valid_cr_parses():
     obj = parse_serving(cr({"placement": {"accelerator": "B300"}}))
     assert obj.spec.placement.accelerator == "B300"
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "HUGGINGFACEHUB_API_TOKEN",
+                                  "HF_API_TOKEN", "hf_token"])  # fmt: skip
+@pytest.mark.parametrize("source", [{"value": "hf_secret"}, {"valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}}])
+def test_a_hub_token_in_env_points_to_the_token_secret_ref(name, source):
+    errs = errors_of({"engine": {"env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": name, **source}]}})
+    assert "spec.model.source.huggingFace.tokenSecretRef" in errs["spec.engine.env[1].name"], errs

@@ -5,7 +5,6 @@ from __future__ import annotations
 from flashserve.accelerators import PRODUCT_LABEL, accelerator
 from flashserve.api.v1alpha1 import DeepSeekServingSpec
 from flashserve.layout import Layout
-from flashserve.naming import GROUP_LABEL, SERVING_LABEL
 
 
 def node_affinity(spec: DeepSeekServingSpec) -> dict:
@@ -19,7 +18,7 @@ def node_affinity(spec: DeepSeekServingSpec) -> dict:
     }
 
 
-def group_pod_affinity(spec: DeepSeekServingSpec, lay: Layout, serving_label: str, group: str) -> dict | None:
+def group_pod_affinity(spec: DeepSeekServingSpec, lay: Layout, group_selector: dict[str, str]) -> dict | None:
     """Every pod of a multi-node group on nodes with the same NVLink clique value.
 
     Required pod affinity on the clique key is how the scheduler co-locates a gang without a gang scheduler:
@@ -30,21 +29,21 @@ def group_pod_affinity(spec: DeepSeekServingSpec, lay: Layout, serving_label: st
     return {
         "requiredDuringSchedulingIgnoredDuringExecution": [
             {
-                "labelSelector": {"matchLabels": {SERVING_LABEL: serving_label, GROUP_LABEL: group}},
+                "labelSelector": {"matchLabels": dict(group_selector)},
                 "topologyKey": spec.placement.nvlink_domain.topology_key,
             }
         ]
     }
 
 
-def group_pod_anti_affinity(lay: Layout, serving_label: str, group: str) -> dict:
+def group_pod_anti_affinity(lay: Layout, group_selector: dict[str, str]) -> dict:
     """One pod of a group per node: each pod takes a whole node's GPUs, and spreading also keeps two pods
     of a group from landing on one node should GPU accounting be missing (e.g. a cluster without the device
     plugin)."""
     return {
         "requiredDuringSchedulingIgnoredDuringExecution": [
             {
-                "labelSelector": {"matchLabels": {SERVING_LABEL: serving_label, GROUP_LABEL: group}},
+                "labelSelector": {"matchLabels": dict(group_selector)},
                 "topologyKey": "kubernetes.io/hostname",
             }
         ]

@@ -24,10 +24,12 @@ from flashserve.api.validation import parse_serving
 from flashserve.layout import Layout, layout
 from flashserve.naming import (
     GROUP_LABEL,
+    GROUP_NAME_LABEL,
     MANAGED_BY,
     SERVING_LABEL,
     compute_domain_name,
     group_name,
+    network_policy_name,
     pdb_name,
     serving_label_value,
     service_name,
@@ -96,6 +98,13 @@ def selector(serving: str) -> dict[str, str]:
     return {SERVING_LABEL: serving_label_value(serving)}
 
 
+def group_pod_selector(serving: str, index: int) -> dict[str, str]:
+    """Labels that pick the pods of one group. The group's own name is among them, so a group under the
+    current name never selects (nor, through pod affinity, follows) the pods of the same group under an
+    earlier name while both exist during the move to the current names."""
+    return {SERVING_LABEL: serving_label_value(serving), GROUP_LABEL: str(index), GROUP_NAME_LABEL: group_name(serving, index)}
+
+
 def selector_string(serving: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector(serving).items())
 
@@ -141,17 +150,16 @@ def _group_context(obj: DeepSeekServing, lay: Layout, index: int) -> dict:
     spec = obj.spec
     name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
     group = group_name(name, index)
-    serving_value = serving_label_value(name)
-    group_labels = {**labels(name), "app.kubernetes.io/component": "engine", GROUP_LABEL: str(index)}
-    group_selector = {SERVING_LABEL: serving_value, GROUP_LABEL: str(index)}
+    group_selector = group_pod_selector(name, index)
+    group_labels = {**labels(name), "app.kubernetes.io/component": "engine", **group_selector}
     leader = f"{group}-0.{group}.{namespace}.svc" if lay.multi_node else None
 
     affinity: dict = {"nodeAffinity": node_affinity(spec)}
-    pod_affinity = group_pod_affinity(spec, lay, serving_value, str(index))
+    pod_affinity = group_pod_affinity(spec, lay, group_selector)
     if pod_affinity:
         affinity["podAffinity"] = pod_affinity
     if lay.multi_node:
-        affinity["podAntiAffinity"] = group_pod_anti_affinity(lay, serving_value, str(index))
+        affinity["podAntiAffinity"] = group_pod_anti_affinity(lay, group_selector)
 
     cd = spec.placement.compute_domain
     claim_template = None
@@ -246,7 +254,7 @@ def render_shared(obj: DeepSeekServing) -> list[dict]:
     ctx = {
         "service": service_name(name),
         "pdb": pdb_name(name),
-        "policy": service_name(name),
+        "policy": network_policy_name(name),
         "namespace": namespace,
         "labels": labels(name),
         "selector": selector(name),

@@ -34,15 +34,15 @@ NAMESPACED_ACCESS = {
     ("flashserve.io", "deepseekservings/status"): {"patch"},
     ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "events"): {"create"},
-    ("resource.nvidia.com", "computedomains"): {"create", "patch", "delete"},
+    ("resource.nvidia.com", "computedomains"): {"get", "create", "patch", "delete"},
 }
 # Kinds the reconciler deletes (plan.py: groups beyond replicas, pods of a group in a rollout, a NetworkPolicy
-# turned off); the PodDisruptionBudget goes with the serving through its owner reference.
-DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy"}
+# turned off, children under the names of an earlier version).
+DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy", "PodDisruptionBudget"}
 
 
 # A serving that makes the renderer produce every kind it can: multi-node groups with a ComputeDomain, and
@@ -149,7 +149,8 @@ def test_namespaced_rules_match_what_the_code_does(render):
         resource = path.split("/")[-2]
         assert re.fullmatch(r"[a-z]+", resource), path
         if (api_version, kind) in applied:
-            need(group, resource, "create", "patch")  # server-side apply creates what is missing
+            # Server-side apply creates what is missing; Kube.get reads a name first, to check who owns it.
+            need(group, resource, "create", "patch", "get")
         if kind in DELETED_KINDS:
             need(group, resource, "delete")
     assert applied <= set(kube._PATHS), "the renderer makes a kind kube.py cannot apply"
@@ -266,8 +267,14 @@ def test_deployment_args_are_what_flashserve_run_accepts(render):
     assert args.leader_elect is True and args.lease_name == OP
     assert args.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
     assert args.resync_seconds == 30 and args.namespace is None
+    assert args.prometheus_allow is None and args.prometheus_allow_own_namespace is True
     args = _parser().parse_args(render(*COMBOS["watch-namespaces"]).find("Deployment", OP)["spec"]["template"]["spec"]["containers"][0]["args"])
     assert args.namespace == ["team-a", "team-b"]
+    dep = render("--set", "operator.prometheusAllow={*.monitoring.svc,https://thanos.example.com/prom}",
+                 "--set", "operator.prometheusAllowOwnNamespace=false").find("Deployment", OP)  # fmt: skip
+    args = _parser().parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.prometheus_allow == ["*.monitoring.svc", "https://thanos.example.com/prom"]
+    assert args.prometheus_allow_own_namespace is False
 
 
 def test_image_digest_and_names(render):
@@ -286,6 +293,7 @@ def test_image_digest_and_names(render):
     (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
     (["--set", "monitoring.prometheusRule.sla.percentile=abc"], "/monitoring/prometheusRule/sla/percentile"),
     (["--set", "operator.prometheusUrl=prometheus:9090"], "/operator/prometheusUrl"),
+    (["--set", "operator.prometheusAllow={has space}"], "/operator/prometheusAllow/0"),
     (["--set", "operator.leaderElection.enabled=false"], "replicaCount > 1 needs operator.leaderElection.enabled"),
     (["--set", "monitoring.enabled=true", "--set", "metrics.service.enabled=false"], "needs metrics.service.enabled"),
 ])  # fmt: skip

@@ -89,8 +89,9 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  # applied, never deleted by the operator (owner references remove it with the serving)
-  verbs: ["get", "list", "watch", "create", "patch"]
+  # applied; one under a name of an earlier operator version is deleted (owner references remove the
+  # current one with the serving)
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   # the engines' optional NetworkPolicy (spec.networkPolicy): applied, and deleted when turned off
@@ -106,7 +107,8 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
 {{- if .Values.rbac.computeDomains }}
 - apiGroups: ["resource.nvidia.com"]
   resources: ["computedomains"]
-  # applied per multi-node group and deleted with it; not watched
-  verbs: ["create", "patch", "delete"]
+  # applied per multi-node group and deleted with it; not watched, so read before a write to check that
+  # this serving owns it
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}
 {{- end }}

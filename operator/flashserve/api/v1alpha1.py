@@ -256,7 +256,9 @@ class ComputeDomainSpec(_Model):
 class PlacementSpec(_Model):
     accelerator: AcceleratorName = "GB200"
     """GPU system: GB200 or GB300 (4 GPUs per node, NVL72 racks) or B200 or B300 (8 GPUs per node)."""
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
+    node_selector: dict[Annotated[str, Field(max_length=316)], Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict
+    )
     """Extra node labels the pods require (e.g. a node pool)."""
     tolerations: list[Toleration] = Field(
         default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
@@ -375,7 +377,7 @@ class Condition(_Model):
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(max_length=1024)
     message: str = Field("", max_length=32768)
-    last_transition_time: str
+    last_transition_time: str = Field(max_length=64)
     observed_generation: int | None = None
 
 
@@ -389,10 +391,10 @@ class SLAStatus(_Model):
 
 
 class ScalingEvent(_Model):
-    time: str
+    time: str = Field(max_length=64)
     from_replicas: int = Field(alias="from")
     to_replicas: int = Field(alias="to")
-    reason: str
+    reason: str = Field(max_length=1024)
 
 
 class DeepSeekServingStatus(_Model):
@@ -404,11 +406,11 @@ class DeepSeekServingStatus(_Model):
     updated_replicas: int | None = None
     """Groups running the current pod template."""
     desired_replicas: int | None = None
-    selector: str | None = None
+    selector: str | None = Field(None, max_length=1024)
     """Label selector of the serving's pods (for the scale subresource)."""
-    endpoint: str | None = None
+    endpoint: str | None = Field(None, max_length=1024)
     """OpenAI-compatible base URL inside the cluster."""
-    sla_state: str | None = None
+    sla_state: str | None = Field(None, max_length=32)
     """Met, AtRisk, Breached or Unknown."""
     sla: SLAStatus | None = None
     last_scaling: ScalingEvent | None = None

@@ -8,6 +8,7 @@ past an older CRD.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -17,6 +18,10 @@ from flashserve.api import context_length
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
 from flashserve.layout import layout
 from flashserve.vllm_args import MANAGED_ENV, extra_args_errors
+
+
+_K8S_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_DNS_LABEL = re.compile(r"(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,16 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
         errs.append(FieldError(f"spec.engine.extraArgs[{i}]", message))
     seen_env: set[str] = set()
     for i, env in enumerate(eng.env):
-        if env.name in MANAGED_ENV:
+        if _is_hub_token(env.name):
+            errs.append(
+                FieldError(
+                    f"spec.engine.env[{i}].name",
+                    f"{env.name} would hand the engine a Hugging Face token outside the operator's control (an "
+                    "inline value is readable by anyone who can read the serving): put the token in a Secret "
+                    "and name it in spec.model.source.huggingFace.tokenSecretRef",
+                )
+            )
+        elif env.name in MANAGED_ENV:
             hint = "use spec.model.source" if env.name.startswith("HF_") else "remove it"
             errs.append(
                 FieldError(f"spec.engine.env[{i}].name", f"{env.name} is managed by the operator: {hint}")
@@ -191,6 +205,13 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
     return errs
 
 
+def _is_hub_token(name: str) -> bool:
+    """HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HUGGINGFACE_TOKEN, HUGGINGFACEHUB_API_TOKEN, HF_API_TOKEN, ...:
+    every spelling the Hub client libraries read a token from."""
+    n = name.upper()
+    return "TOKEN" in n and (n.startswith("HF_") or "HUGGING" in n)
+
+
 def parse_spec(spec: dict | None) -> DeepSeekServingSpec:
     """Validate a spec dict (camelCase, as in the API). Raises SpecError listing every problem."""
     try:
@@ -213,8 +234,18 @@ def parse_serving(obj: dict) -> DeepSeekServing:
     if obj.get("kind") != "DeepSeekServing":
         errs.append(FieldError("kind", f"must be DeepSeekServing (got {obj.get('kind')!r})"))
     meta = obj.get("metadata") or {}
-    if not isinstance(meta, dict) or not meta.get("name"):
+    if not isinstance(meta, dict):
+        errs.append(FieldError("metadata", "must be a mapping with at least a name"))
+        meta = {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if name is None or name == "":
         errs.append(FieldError("metadata.name", "required: name the serving"))
+    elif not isinstance(name, str) or not _K8S_NAME.fullmatch(name):
+        errs.append(FieldError("metadata.name", f"{name!r} is not a Kubernetes name: lowercase letters, digits, "
+                                                "'-' and '.', starting and ending with a letter or digit, at most 253"))  # fmt: skip
+    if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace)):
+        errs.append(FieldError("metadata.namespace", f"{namespace!r} is not a namespace name: lowercase letters, "
+                                                     "digits and '-', at most 63"))  # fmt: skip
     try:
         spec = parse_spec(obj.get("spec"))
     except SpecError as exc:

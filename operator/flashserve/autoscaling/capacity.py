@@ -111,7 +111,7 @@ class CapacityModel:
             n = int(data.get("n", 0))
             t = data.get("t")
             t = float(t) if t is not None else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return cls()
         if not all(math.isfinite(v) for v in values.values()) or values["w"] < 0:
             return cls()

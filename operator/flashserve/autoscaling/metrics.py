@@ -3,6 +3,11 @@
 The client is synchronous (requests), so the operator calls the `*_async` wrappers, which run it in a worker
 thread and keep kopf's event loop free. Nothing here raises: any failure becomes a None snapshot plus the
 reason, which the policy turns into a hold with MetricsAvailable=False.
+
+The reason is a class (Unreachable, HTTPError <code>, BadResponse), never the endpoint's response body or
+exception text: the URL may be a serving's own, and what an arbitrary endpoint answers must not be read back
+through the serving's status. Redirects are not followed, for the same reason (allowlist.py checks the URL
+the serving gives, not where a redirect would lead).
 """
 
 from __future__ import annotations
@@ -10,9 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 
+import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
@@ -52,18 +60,23 @@ def fetch(
     queries = Queries(namespace, serving, window_s, percentile)
     # One attempt per query: the next evaluation is the retry, and a hung Prometheus must not hold the
     # evaluation for minutes.
-    prom = PrometheusConnect(url=url.rstrip("/"), retry=Retry(total=0, raise_on_status=False), timeout=timeout_s)
+    session = requests.Session()
+    session.max_redirects = 0
+    session.trust_env = False  # no proxy from the environment: the request goes where the allow-list said
+    prom = PrometheusConnect(url=url.rstrip("/"), retry=Retry(total=0, raise_on_status=False), timeout=timeout_s,
+                             session=session)  # fmt: skip
     deadline = time.monotonic() + 2 * timeout_s
     values: dict[str, float | None] = {}
     try:
         for name, query in queries.all().items():
             if time.monotonic() > deadline:
-                return _fail(serving, f"Prometheus at {url} too slow: gave up after {2 * timeout_s:g}s")
+                return _fail(serving, f"Prometheus unavailable: Unreachable (no answers within {2 * timeout_s:g}s)")
             values[name] = _scalar(prom.custom_query(query, timeout=timeout_s))
             if name == "sample_age" and values[name] is None:
                 return _fail(serving, f"no vLLM engine series for serving {namespace}/{serving} in Prometheus")
     except Exception as exc:  # noqa: BLE001 - any failure is a missing reading, never an operator crash
-        return _fail(serving, f"Prometheus at {url} unavailable: {_describe(exc, timeout_s)}")
+        log.debug("autoscaling metrics for %s: %r", serving, exc)
+        return _fail(serving, f"Prometheus unavailable: {classify(exc, timeout_s)}")
     finally:
         prom.close()
     return FetchResult(assemble(values, stamp, window_s, percentile))
@@ -158,15 +171,24 @@ def _fail(serving: str, reason: str) -> FetchResult:
     return FetchResult(None, reason)
 
 
-def _describe(exc: BaseException, timeout_s: float) -> str:
-    text = str(exc)
-    # With retries off, requests reports a read timeout as a ConnectionError wrapping urllib3's
-    # ReadTimeoutError; name the timeout, which is what the user can act on.
-    if "timed out" in text.lower():
-        return f"Timeout: no answer within {timeout_s:g}s"
-    return f"{type(exc).__name__}: {_short(exc)}"
-
-
-def _short(exc: BaseException, limit: int = 200) -> str:
-    text = str(exc).replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def classify(exc: BaseException, timeout_s: float) -> str:
+    """Unreachable, HTTPError <code> or BadResponse: what went wrong, without anything the endpoint said."""
+    if isinstance(exc, requests.TooManyRedirects):
+        code = getattr(exc.response, "status_code", None)
+        return f"HTTPError {code} (redirects are not followed)" if code else "BadResponse"
+    if isinstance(exc, (requests.JSONDecodeError, ValueError)):
+        return "BadResponse"  # an answer that is not JSON
+    if isinstance(exc, requests.Timeout):
+        return f"Unreachable (no answer within {timeout_s:g}s)"
+    if isinstance(exc, requests.ConnectionError):
+        # With retries off, requests reports a read timeout as a ConnectionError wrapping urllib3's
+        # ReadTimeoutError; name the timeout, which is what the user can act on.
+        if "timed out" in str(exc).lower():
+            return f"Unreachable (no answer within {timeout_s:g}s)"
+        return "Unreachable"
+    if isinstance(exc, requests.RequestException):
+        return "Unreachable"
+    if isinstance(exc, PrometheusApiClientException):
+        m = re.match(r"HTTP Status Code (\d{3})\b", str(exc))
+        return f"HTTPError {m.group(1)}" if m else "BadResponse"
+    return "BadResponse"  # a 200 whose body is not a Prometheus answer (JSON, data.result)

@@ -50,7 +50,7 @@ class PeakMemory:
         for item in data[-BUCKETS - 1 :]:
             try:
                 t, v = float(item[0]), float(item[1])
-            except (TypeError, ValueError, IndexError, KeyError):
+            except (TypeError, ValueError, IndexError, KeyError, OverflowError):
                 return cls()
             if not (math.isfinite(t) and math.isfinite(v)) or v < 0:
                 return cls()

@@ -276,7 +276,7 @@ class PolicyState:
             value = data.get(_camel(key))
             try:
                 return kind(value) if value is not None and math.isfinite(float(value)) else None
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 return None
 
         return cls(

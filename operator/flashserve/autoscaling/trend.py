@@ -77,7 +77,7 @@ class DemandTrend:
             return cls()
         try:
             values = [float(data[k]) for k in ("level", "trend", "noise", "t")]
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             return cls()
         if not all(math.isfinite(v) for v in values) or values[2] < 0:
             return cls()

@@ -15,13 +15,53 @@ from flashserve.api.validation import FieldError, SpecError, parse_serving
 from flashserve.render import render_serving
 
 
-def _load(path: str) -> list[dict]:
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64  # far deeper than any DeepSeekServing; the YAML composer recurses once per level
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML without aliases (`*name`): an alias is a pointer, and a few lines of nested aliases expand to
+    billions of nodes. Nesting is capped too, so a deep document is an error instead of a RecursionError."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted: write the value out",
+                                              mark)  # fmt: skip
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)  # fmt: skip
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _read(path: str) -> bytes:
     try:
-        text = sys.stdin.read() if path == "-" else open(path).read()
+        if path == "-":
+            return sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        with open(path, "rb") as fh:
+            return fh.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise SpecError([FieldError(path, f"cannot read: {exc.strerror}")]) from None
+
+
+def _load(path: str) -> list[dict]:
+    data = _read(path)
+    if len(data) > MAX_INPUT_BYTES:
+        raise SpecError([FieldError(path, f"larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB: not a DeepSeekServing")])
+    if b"\0" in data:
+        raise SpecError([FieldError(path, "a binary file, not YAML")])
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([FieldError(path, f"not UTF-8 text (byte {exc.start}): save the file as UTF-8")]) from None
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         raise SpecError([FieldError(path, f"not valid YAML: {exc}")]) from None
     if not docs:
@@ -30,10 +70,14 @@ def _load(path: str) -> list[dict]:
 
 
 def _objects(path: str, namespace: str | None) -> list[dict]:
+    """Every object the file's servings render to: the one path of both `render` and `validate`, so a file
+    `validate` passes is one `render` renders."""
     out: list[dict] = []
     for doc in _load(path):
         if namespace and isinstance(doc, dict):
-            doc.setdefault("metadata", {})["namespace"] = namespace
+            meta = doc.setdefault("metadata", {})
+            if isinstance(meta, dict):
+                meta["namespace"] = namespace
         out += render_serving(parse_serving(doc))
     return out
 
@@ -69,8 +113,7 @@ def validate_main(argv: list[str]) -> int:
     status = 0
     for path in args.files:
         try:
-            for doc in _load(path):
-                parse_serving(doc)
+            _objects(path, None)
             print(f"{path}: valid")
         except SpecError as exc:
             print(f"{path}: invalid", file=sys.stderr)

@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from flashserve.api.v1alpha1 import DeepSeekServing
+from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.metrics import fetch_async
 from flashserve.autoscaling.policy import Decision, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts, decide
 from flashserve.controller.kube import Kube
@@ -59,8 +60,9 @@ def _round(v: float | None, digits: int = 1) -> float | None:
 
 
 class Autoscaler:
-    def __init__(self, default_prometheus_url: str | None = None):
+    def __init__(self, default_prometheus_url: str | None = None, allow: PrometheusAllowList | None = None):
         self.default_prometheus_url = default_prometheus_url
+        self.allow = allow or PrometheusAllowList(operator_url=default_prometheus_url)
         self.servings: dict[tuple[str, str], _ServingState] = {}
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (namespace, serving, reason)
 
@@ -77,10 +79,11 @@ class Autoscaler:
         if key not in self.servings:
             raw = (body["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
             try:
-                saved = json.loads(raw) if raw else None
-            except ValueError:
-                saved = None  # a hand-edited annotation must not break the operator
-            self.servings[key] = _ServingState(PolicyState.from_dict(saved), persisted_at=time.time())
+                policy = PolicyState.from_dict(json.loads(raw) if raw else None)
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                # A hand-edited annotation (e.g. a number too big for a float) must not break every reconcile.
+                policy = PolicyState()
+            self.servings[key] = _ServingState(policy, persisted_at=time.time())
         return self.servings[key]
 
     def config(self, obj: DeepSeekServing) -> PolicyConfig:
@@ -110,7 +113,10 @@ class Autoscaler:
             starting=sum(g.exists and not g.ready and not g.unschedulable for g in groups),
             pending=sum(bool(g.unschedulable) for g in groups) + sum(not g.exists for g in groups),
         )
-        if url:
+        refusal = self.allow.refusal(url, namespace) if url and url != self.default_prometheus_url else None
+        if refusal:
+            snapshot, error = None, f"NotAllowed: spec.autoscaling.prometheusUrl {url}: {refusal}"
+        elif url:
             res = await fetch_async(url, namespace, serving_label_value(name), cfg.metrics_window_s, cfg.percentile)
             snapshot, error = res.snapshot, res.error
         else:
@@ -198,4 +204,7 @@ class Autoscaler:
         yield from (desired, current, speed, met, decisions)
 
     def forget(self, namespace: str, name: str) -> None:
+        """A serving is gone: its state and its series (the decision counter included) go with it."""
         self.servings.pop((namespace, name), None)
+        for key in [k for k in self.decisions if k[:2] == (namespace, name)]:
+            del self.decisions[key]

@@ -23,7 +23,7 @@ import kopf
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 from flashserve.controller.observe import Observed, pod_view, serving_key, slim
 from flashserve.controller.reconciler import Controller
-from flashserve.naming import MANAGED_BY, serving_label_value
+from flashserve.naming import MANAGED_BY, legacy_serving_label_value, serving_label_value
 
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 _wakeups: dict[tuple[str, str], asyncio.Event] = {}
@@ -32,10 +32,16 @@ _workers: dict[tuple[str, str], asyncio.Task] = {}
 log = logging.getLogger(__name__)
 
 
+_aliases: dict[tuple[str, str], set[tuple[str, str]]] = {}  # earlier label value -> workers that read it
+
+
 def _wake(key: tuple[str, str] | None) -> None:
-    event = _wakeups.get(key) if key else None
-    if event is not None:
-        event.set()
+    if not key:
+        return
+    for k in {key, *_aliases.get(key, ())}:
+        event = _wakeups.get(k)
+        if event is not None:
+            event.set()
 
 
 # Index functions run on every watch event of a child; waking the owner there costs nothing extra.
@@ -99,7 +105,9 @@ async def serving_event(
     **_: Any,
 ) -> None:
     key = (namespace, serving_label_value(name))
+    legacy = (namespace, legacy_serving_label_value(name))
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+        _aliases.get(legacy, set()).discard(key)
         _bodies.pop(key, None)
         memo.controller.forget(namespace, name)
         if memo.controller.autoscaler is not None:
@@ -111,14 +119,20 @@ async def serving_event(
     _bodies[key] = copy.deepcopy(dict(body))
     if key not in _workers or _workers[key].done():
         indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods, fs_netpols)
-        _workers[key] = asyncio.create_task(_worker(key, memo.controller, indexes, logger), name=f"reconcile {key}")
+        # Children made by earlier versions may carry the label value those gave; the reconciler keeps only
+        # the ones this serving owns.
+        keys = [key, legacy]
+        if legacy != key:
+            _aliases.setdefault(legacy, set()).add(key)
+        _workers[key] = asyncio.create_task(_worker(key, keys, memo.controller, indexes, logger),
+                                            name=f"reconcile {key}")  # fmt: skip
     _wake(key)
 
 
-def _observed(key: tuple[str, str], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index,
+def _observed(keys: list[tuple[str, str]], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index,
               netpols: kopf.Index) -> Observed:
     def items(index: kopf.Index) -> list:
-        return list(index.get(key, []))
+        return [item for key in dict.fromkeys(keys) for item in index.get(key, [])]
 
     return Observed(
         statefulsets={s["metadata"]["name"]: s for s in items(sts) if not s["metadata"]["deletionTimestamp"]},
@@ -129,7 +143,8 @@ def _observed(key: tuple[str, str], sts: kopf.Index, svcs: kopf.Index, pdbs: kop
     )
 
 
-async def _worker(key: tuple[str, str], controller: Controller, indexes: tuple, logger: logging.Logger) -> None:
+async def _worker(key: tuple[str, str], keys: list[tuple[str, str]], controller: Controller, indexes: tuple,
+                  logger: logging.Logger) -> None:
     wake = _wakeups.setdefault(key, asyncio.Event())
     failures = 0
     try:
@@ -137,7 +152,7 @@ async def _worker(key: tuple[str, str], controller: Controller, indexes: tuple, 
             wake.clear()
             body = _bodies[key]
             try:
-                await controller.reconcile(body, _observed(key, *indexes), logger)
+                await controller.reconcile(body, _observed(keys, *indexes), logger)
                 failures = 0
             except asyncio.CancelledError:
                 raise

@@ -65,12 +65,26 @@ class Kube:
         self._call("PATCH", path, {"spec": {"replicas": replicas}}, "application/merge-patch+json",
                    [("fieldManager", FIELD_MANAGER)])  # fmt: skip
 
-    def delete(self, namespace: str, kind: str, name: str) -> None:
+    def get(self, namespace: str, kind: str, name: str) -> dict | None:
+        """The object, or None when there is none of that name."""
         path = _PATHS[(_KIND_VERSION[kind], kind)].format(ns=namespace, name=name)
         try:
-            self._call("DELETE", path, {"propagationPolicy": "Background"}, "application/json")
+            return json.loads(self._call("GET", path))
         except ApiException as exc:
-            if exc.status != 404:  # already gone is the goal
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete(self, namespace: str, kind: str, name: str, uid: str | None = None) -> None:
+        """Delete an object (only the one with `uid`, when given: a same-named successor is left alone)."""
+        path = _PATHS[(_KIND_VERSION[kind], kind)].format(ns=namespace, name=name)
+        body: dict = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._call("DELETE", path, body, "application/json")
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # already gone (or replaced by another object) is the goal
                 raise
 
     def patch_status(self, namespace: str, name: str, status: dict) -> None:

@@ -5,6 +5,12 @@ new higher-priority peer is noticed. A Lease gives the usual Kubernetes guarante
 it; if it cannot renew within `renew_deadline` it stops acting (the process exits and is restarted), and a
 standby can take the lease only after `lease_duration` has passed since the last renewal.
 
+Expiry is judged on this replica's own monotonic clock, never by comparing the lease's renewTime (written by
+another machine's clock) with ours: a standby notes when it last saw the lease record change (holder or
+renewTime) and takes the lease only once it has not changed for a whole lease duration. Clock skew between
+replicas then cannot make a standby take a live lease (holder's clock behind) or wait on a dead one for hours
+(holder's clock ahead). This is what client-go's leader election does.
+
 Every Lease request has its own short timeout and the elector its own connection pool: a request stuck on a
 half-open connection (a frozen proxy, a dropped NAT entry) then fails in seconds, takes its connection with
 it, and the next attempt opens a fresh one well within `renew_deadline`. With one request allowed to hang for
@@ -18,6 +24,8 @@ import datetime as dt
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -39,6 +47,7 @@ class LeaseElector:
         lease_duration: float = 15.0,
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.coord = client.CoordinationV1Api(api)
         self.namespace, self.name = namespace, name
@@ -46,6 +55,9 @@ class LeaseElector:
         self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
         # An attempt is a read and a write: two stuck ones still leave time for a third inside the deadline.
         self.request_timeout = renew_deadline / 4
+        self.clock = clock
+        self._observed: tuple | None = None  # the lease record as last read
+        self._observed_at = 0.0  # local monotonic time at which it last changed
 
     def _try_acquire_or_renew(self) -> bool:
         now = _now()
@@ -73,9 +85,12 @@ class LeaseElector:
                 raise
         spec = lease.spec
         holder = spec.holder_identity
-        renewed = spec.renew_time or spec.acquire_time
+        record = (holder, str(spec.renew_time), str(spec.acquire_time), spec.lease_transitions)
+        local = self.clock()
+        if record != self._observed:
+            self._observed, self._observed_at = record, local
         duration = spec.lease_duration_seconds or int(self.lease_duration)
-        expired = renewed is None or (now - renewed).total_seconds() > duration
+        expired = local - self._observed_at > duration
         if holder and holder != self.identity and not expired:
             return False
         if holder != self.identity:

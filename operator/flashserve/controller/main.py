@@ -16,6 +16,7 @@ import sys
 import kopf
 from kubernetes import client, config
 
+from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
 from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.reconciler import Controller
@@ -45,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="reconcile every serving at least this often (default 30)")  # fmt: skip
     p.add_argument("--prometheus-url", default=env("FLASHSERVE_PROMETHEUS_URL"),
                    help="Prometheus for autoscaling when a serving does not name one")  # fmt: skip
+    p.add_argument("--prometheus-allow", action="append",
+                   default=[env("FLASHSERVE_PROMETHEUS_ALLOW")] if env("FLASHSERVE_PROMETHEUS_ALLOW") else None,
+                   help="further Prometheus a serving's spec.autoscaling.prometheusUrl may name: a URL prefix "
+                   "(https://host:port/path) or a host pattern (prometheus.monitoring.svc, *.monitoring.svc); "
+                   "repeatable and comma-separated. Always allowed: --prometheus-url and Services of the "
+                   "serving's own namespace")  # fmt: skip
+    p.add_argument("--prometheus-allow-own-namespace", action=argparse.BooleanOptionalAction,
+                   default=env("FLASHSERVE_PROMETHEUS_ALLOW_OWN_NAMESPACE", "true").lower() != "false",
+                   help="allow a serving's prometheusUrl to name a Service of its own namespace (default on)")  # fmt: skip
     p.add_argument("--liveness", default=env("FLASHSERVE_LIVENESS", "http://127.0.0.1:8081/healthz"),
                    help="liveness endpoint URL to serve (empty to disable)")  # fmt: skip
     p.add_argument("--metrics-address", default=env("FLASHSERVE_METRICS_ADDRESS", "127.0.0.1:8082"),
@@ -96,7 +106,9 @@ async def _run(args: argparse.Namespace) -> int:
                 await standby.cleanup()
 
     controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url)
-    controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url)
+    allow = PrometheusAllowList(operator_url=args.prometheus_url, entries=parse_entries(args.prometheus_allow),
+                                own_namespace=args.prometheus_allow_own_namespace)  # fmt: skip
+    controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url, allow=allow)
     if args.metrics_address:
         from flashserve.controller.metrics import serve_metrics
 

@@ -34,6 +34,42 @@ class Observed:
     pods: list[PodView] = field(default_factory=list)
 
 
+def controller_uid(child: dict) -> str | None:
+    """UID of the object that controls a child (its ownerReference with controller: true), if any."""
+    for ref in (child.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def statefulset_of(pod_name: str) -> str:
+    """A StatefulSet's pods are named `<statefulset>-<ordinal>`."""
+    return pod_name.rsplit("-", 1)[0]
+
+
+def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
+    """The children that are this serving's: controlled by its uid, or carrying its (injective) label value
+    and controlled by nothing (orphans it may adopt). Children of another object that happen to carry the
+    same label (earlier label values were not unique) are left out, so the plan never touches them."""
+    if not uid:
+        return observed  # offline (no uid): everything observed is ours
+
+    def mine(child: dict) -> bool:
+        owner = controller_uid(child)
+        if owner is not None:
+            return owner == uid
+        return ((child.get("metadata") or {}).get("labels") or {}).get(SERVING_LABEL) == label_value
+
+    sts = {n: s for n, s in observed.statefulsets.items() if mine(s)}
+    return Observed(
+        statefulsets=sts,
+        services={n: s for n, s in observed.services.items() if mine(s)},
+        pdbs={n: s for n, s in observed.pdbs.items() if mine(s)},
+        netpols={n: s for n, s in observed.netpols.items() if mine(s)},
+        pods=[p for p in observed.pods if statefulset_of(p.name) in sts],
+    )
+
+
 def serving_key(namespace: str, labels: dict) -> tuple[str, str] | None:
     serving = (labels or {}).get(SERVING_LABEL)
     return (namespace, serving) if serving else None

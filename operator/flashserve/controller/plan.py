@@ -7,6 +7,11 @@ Rules:
   and all pods of an updating group are deleted together, so a multi-node group never runs mixed versions.
   A group that is already unavailable may always be updated: replacing it cannot cost availability, and
   waiting on it would deadlock the rollout.
+- A group still under the name an earlier version gave it (naming.legacy_*) moves to its current name the
+  way a rollout moves: at most rollout.maxUnavailable groups at a time, the group under the current name is
+  created beside the old one, and the old one (StatefulSet, headless Service, ComputeDomain) is deleted only
+  once the new one is ready. Shared objects under old names go once no old group is left.
+- The observed children are the serving's own (observe.owned): another object's children are never planned.
 """
 
 from __future__ import annotations
@@ -14,10 +19,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flashserve.api.v1alpha1 import DeepSeekServing
-from flashserve.controller.observe import Observed, PodView, is_subset
+from flashserve.controller.observe import Observed, PodView, is_subset, statefulset_of
 from flashserve.layout import layout
-from flashserve.naming import GROUP_LABEL, compute_domain_name, group_name
+from flashserve.naming import (
+    GROUP_LABEL,
+    compute_domain_name,
+    group_name,
+    legacy_compute_domain_name,
+    legacy_serving_label_value,
+    network_policy_name,
+    pdb_name,
+    serving_label_value,
+    service_name,
+)
 from flashserve.render import TEMPLATE_HASH_ANNOTATION, render_group, render_shared, template_hash
+
+CHANNEL_SUFFIX = "-channel"  # a ComputeDomain's channel ResourceClaimTemplate is `<computedomain>-channel`
 
 
 @dataclass(frozen=True)
@@ -28,6 +45,7 @@ class GroupState:
     ready: bool  # every pod of the group ready on the StatefulSet's template
     unschedulable: int  # pods the scheduler could not place
     pending: int  # pods not yet running (scheduled or not)
+    migrating: bool = False  # also exists under an earlier name, which serves until this one is ready
 
 
 @dataclass
@@ -35,16 +53,20 @@ class Plan:
     apply: list[dict] = field(default_factory=list)
     patch_replicas: list[tuple[str, int]] = field(default_factory=list)  # (statefulset, replicas) of held groups
     delete: list[tuple[str, str]] = field(default_factory=list)  # (kind, name)
+    delete_first: list[tuple[str, str]] = field(default_factory=list)  # (kind, name), before anything is applied
     delete_pods: list[str] = field(default_factory=list)
     groups: list[GroupState] = field(default_factory=list)
     rolling: list[int] = field(default_factory=list)  # groups whose update started in this plan
     deleted_groups: list[int] = field(default_factory=list)
     created_groups: list[int] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)  # "Kind/name" of existing children put back in shape
+    migrating: list[int] = field(default_factory=list)  # groups created under the current name in this plan
+    migrated: list[int] = field(default_factory=list)  # groups whose old-named copy is deleted in this plan
 
     @property
     def writes(self) -> int:
-        return len(self.apply) + len(self.patch_replicas) + len(self.delete) + len(self.delete_pods)
+        return (len(self.apply) + len(self.patch_replicas) + len(self.delete) + len(self.delete_first)
+                + len(self.delete_pods))  # fmt: skip
 
 
 def _index_of(sts: dict) -> int:
@@ -93,16 +115,87 @@ def _live(observed: Observed, obj: dict) -> dict | None:
     return table[kind].get(name)
 
 
+@dataclass
+class _Groups:
+    """The observed StatefulSets of one serving by group index: under the current name, and under others."""
+
+    current: dict[int, dict]
+    old: dict[int, list[dict]]
+    pods: dict[str, list[PodView]]  # by StatefulSet name
+
+    def pods_of(self, sts: dict | None) -> list[PodView]:
+        return self.pods.get(sts["metadata"]["name"], []) if sts else []
+
+
+def _groups(name: str, observed: Observed) -> _Groups:
+    current: dict[int, dict] = {}
+    old: dict[int, list[dict]] = {}
+    for sts_name, sts in sorted(observed.statefulsets.items()):
+        i = _index_of(sts)
+        if i < 0:
+            continue
+        if sts_name == group_name(name, i):
+            current[i] = sts
+        else:
+            old.setdefault(i, []).append(sts)
+    pods: dict[str, list[PodView]] = {}
+    for p in observed.pods:
+        pods.setdefault(statefulset_of(p.name), []).append(p)
+    return _Groups(current, old, pods)
+
+
+def _own_states(obj: DeepSeekServing, gs: _Groups, desired: int) -> list[GroupState]:
+    nodes, current = layout(obj.spec).nodes, template_hash(obj.spec)
+    return [_group_state(i, gs.current.get(i), gs.pods_of(gs.current.get(i)), nodes, current) for i in range(desired)]
+
+
+def _combined(own: GroupState, old: list[dict], gs: _Groups, nodes: int, current: str) -> GroupState:
+    """What a group offers while it also exists under an old name: the old copy serves until the new is ready."""
+    if not old or own.ready:
+        return own
+    olds = [_group_state(own.index, s, gs.pods_of(s), nodes, current) for s in old]
+    return GroupState(
+        index=own.index,
+        exists=True,
+        updated=False,
+        ready=any(o.ready for o in olds),
+        unschedulable=own.unschedulable + sum(o.unschedulable for o in olds),
+        pending=own.pending + sum(o.pending for o in olds),
+        migrating=True,
+    )
+
+
 def group_states(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) -> list[GroupState]:
     """State of groups 0..replicas-1 (default spec.replicas) as observed."""
     desired = obj.spec.replicas if replicas is None else replicas
-    nodes = layout(obj.spec).nodes
-    current = template_hash(obj.spec)
-    pods_by_group: dict[int, list[PodView]] = {}
-    for p in observed.pods:
-        pods_by_group.setdefault(p.group, []).append(p)
-    sts_by_index = {_index_of(s): s for s in observed.statefulsets.values()}
-    return [_group_state(i, sts_by_index.get(i), pods_by_group.get(i, []), nodes, current) for i in range(desired)]
+    gs = _groups(obj.metadata["name"], observed)
+    nodes, current = layout(obj.spec).nodes, template_hash(obj.spec)
+    return [_combined(g, gs.old.get(g.index, []), gs, nodes, current) for g in _own_states(obj, gs, desired)]
+
+
+def _compute_domains_of(name: str, sts: dict) -> list[str]:
+    """ComputeDomains of this serving whose channel a live StatefulSet's pods claim."""
+    i = _index_of(sts)
+    ours = {compute_domain_name(name, i), legacy_compute_domain_name(name, i)}
+    claims = ((sts.get("spec") or {}).get("template") or {}).get("spec", {}).get("resourceClaims") or []
+    out = []
+    for c in claims:
+        template = (c or {}).get("resourceClaimTemplateName") or ""
+        cd = template[: -len(CHANNEL_SUFFIX)] if template.endswith(CHANNEL_SUFFIX) else ""
+        if cd in ours:
+            out.append(cd)
+    return out
+
+
+def _claims(objs: list[dict]) -> set[str]:
+    """ComputeDomains the rendered StatefulSet of a group claims."""
+    return {cd for o in objs if o["kind"] == "StatefulSet" for cd in _compute_domains_of_rendered(o)}
+
+
+def _compute_domains_of_rendered(sts: dict) -> list[str]:
+    claims = sts["spec"]["template"]["spec"].get("resourceClaims") or []
+    return [c["resourceClaimTemplateName"][: -len(CHANNEL_SUFFIX)] for c in claims
+            if c.get("resourceClaimTemplateName", "").endswith(CHANNEL_SUFFIX)]  # fmt: skip
 
 
 def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) -> Plan:
@@ -113,21 +206,29 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
     current = template_hash(spec)
     out = Plan()
 
-    pods_by_group: dict[int, list[PodView]] = {}
-    for p in observed.pods:
-        pods_by_group.setdefault(p.group, []).append(p)
-    sts_by_index = {_index_of(s): s for s in observed.statefulsets.values()}
-
-    states = group_states(obj, observed, desired)
+    gs = _groups(name, observed)
+    own = _own_states(obj, gs, desired)
+    states = [_combined(g, gs.old.get(g.index, []), gs, nodes, current) for g in own]
     unavailable = sum(1 for g in states if g.exists and not g.ready)
     budget = spec.rollout.max_unavailable
+    # Groups whose move to the current name is under way: the new copy exists and is not ready yet.
+    moving = sum(1 for g in own if g.exists and not g.ready and gs.old.get(g.index))
+    removed_old: set[str] = set()  # old-named StatefulSets deleted by this plan
 
-    for g in states:
-        sts = sts_by_index.get(g.index)
-        group_pods = [p for p in pods_by_group.get(g.index, []) if not p.terminating]
+    for g in own:
+        sts = gs.current.get(g.index)
+        old = gs.old.get(g.index, [])
+        group_pods = [p for p in gs.pods_of(sts) if not p.terminating]
         objs = render_group(obj, g.index)
         sts_hash = sts["metadata"]["annotations"].get(TEMPLATE_HASH_ANNOTATION, "") if sts else current
-        if sts is None:
+        if sts is None and old:
+            # Under an old name only: create the current one beside it (the old one keeps serving), as many
+            # at a time as a rollout would replace.
+            if moving >= budget:
+                continue
+            moving += 1
+            out.migrating.append(g.index)
+        elif sts is None:
             if group_name(name, g.index) in observed.services:
                 out.restored.append(f"StatefulSet/{group_name(name, g.index)}")  # deleted by hand
             else:
@@ -139,6 +240,10 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
                 out.delete_pods += [p.name for p in group_pods]
                 if g.ready:
                     unavailable += 1
+                # A ComputeDomain the new template no longer claims (computeDomain turned off) goes with the
+                # old pods. Deleted before the StatefulSet is rewritten: once it is, nothing observed names it.
+                for cd in sorted(set(_compute_domains_of(name, sts)) - _claims(objs)):
+                    out.delete_first.append(("ComputeDomain", cd))
             else:
                 # Held back by the rollout budget: keep its old template, but keep its size.
                 if sts["spec"].get("replicas") != nodes:
@@ -150,6 +255,14 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
             # StatefulSet and deleting the pods) by replacing every stale pod of the group together.
             stale = [p.name for p in group_pods if p.template_hash != current]
             out.delete_pods += stale
+        if sts is not None and old and g.ready and g.index not in out.rolling:
+            # The current copy serves: the old one and its headless Service and ComputeDomain go.
+            out.migrated.append(g.index)
+            for o in old:
+                out.delete.append(("StatefulSet", o["metadata"]["name"]))
+                removed_old.add(o["metadata"]["name"])
+                out.delete += [("ComputeDomain", cd) for cd in _compute_domains_of(name, o)]
+            out.delete += [("Service", n) for n in _old_group_services(name, observed, g.index)]
         for o in objs:
             live = _live(observed, o)
             if _needs_apply(o, live):
@@ -168,18 +281,51 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
     if not spec.network_policy.enabled:
         out.delete += [("NetworkPolicy", n) for n in observed.netpols]
 
-    # Groups beyond the desired count, highest first; their headless Services and ComputeDomains with them.
-    extra = sorted((i for i in sts_by_index if i >= desired), reverse=True)
-    for i in extra:
-        out.deleted_groups.append(i)
-        out.delete.append(("StatefulSet", sts_by_index[i]["metadata"]["name"]))
-    group_svcs = {
-        _index_of(s): s["metadata"]["name"]
-        for s in observed.services.values()
-        if s["metadata"]["labels"].get(GROUP_LABEL) is not None
-    }
-    for i in sorted((i for i in group_svcs if i >= desired), reverse=True):
-        out.delete.append(("Service", group_svcs[i]))
-        if spec.placement.compute_domain.enabled:
-            out.delete.append(("ComputeDomain", compute_domain_name(name, i)))
+    # Groups beyond the desired count, highest first (under any name); their headless Services and
+    # ComputeDomains with them.
+    extra = sorted(
+        ((i, s) for i, s in [*gs.current.items(), *((i, s) for i, ss in gs.old.items() for s in ss)] if i >= desired),
+        key=lambda t: (-t[0], t[1]["metadata"]["name"]),
+    )
+    for i, s in extra:
+        if i not in out.deleted_groups:
+            out.deleted_groups.append(i)
+        out.delete.append(("StatefulSet", s["metadata"]["name"]))
+        removed_old.add(s["metadata"]["name"])
+    group_svcs = sorted(
+        ((_index_of(s), n) for n, s in observed.services.items() if s["metadata"]["labels"].get(GROUP_LABEL) is not None),
+        key=lambda t: (-t[0], t[1]),
+    )
+    cds: list[str] = []
+    for i, s in extra:
+        cds += [cd for cd in _compute_domains_of(name, s) if cd not in cds]
+    for i, svc in group_svcs:
+        if i >= desired:
+            out.delete.append(("Service", svc))
+            cd = compute_domain_name(name, i)
+            if spec.placement.compute_domain.enabled and svc == group_name(name, i) and cd not in cds:
+                cds.append(cd)
+    out.delete += [("ComputeDomain", cd) for cd in cds]
+
+    # Shared objects under old names, once no group under an old name is left.
+    old_left = [s for ss in gs.old.values() for s in ss if s["metadata"]["name"] not in removed_old]
+    same_pods = legacy_serving_label_value(name) == serving_label_value(name)
+    for n, s in sorted(observed.pdbs.items()):
+        # Two budgets over the same pods make every eviction fail: drop the old one at once when the new one
+        # covers the same pods.
+        if n != pdb_name(name) and (same_pods or not old_left):
+            out.delete.append(("PodDisruptionBudget", n))
+    if not old_left:
+        for n, s in sorted(observed.services.items()):
+            if s["metadata"]["labels"].get(GROUP_LABEL) is None and n != service_name(name):
+                out.delete.append(("Service", n))
+        if spec.network_policy.enabled:
+            out.delete += [("NetworkPolicy", n) for n in sorted(observed.netpols) if n != network_policy_name(name)]
     return out
+
+
+def _old_group_services(name: str, observed: Observed, index: int) -> list[str]:
+    return sorted(
+        n for n, s in observed.services.items()
+        if s["metadata"]["labels"].get(GROUP_LABEL) == str(index) and n != group_name(name, index)
+    )  # fmt: skip

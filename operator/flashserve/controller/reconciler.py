@@ -16,22 +16,27 @@ from dataclasses import dataclass, field
 
 import kopf
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.api.validation import SpecError, parse_spec
 from flashserve.controller.kube import Kube
-from flashserve.controller.observe import Observed
+from flashserve.controller.observe import Observed, controller_uid, owned, statefulset_of
 from flashserve.controller.plan import Plan, plan
 from flashserve.controller.status import (
     Cond,
     group_conditions,
     group_counts,
     invalid_spec_conditions,
+    join_capped,
     merge_conditions,
+    previous_conditions,
     transitions,
 )
-from flashserve.naming import GROUP_LABEL
+from flashserve.naming import GROUP_LABEL, MANAGED_BY, SERVING_LABEL, serving_label_value
 from flashserve.render import endpoint, selector_string
+
+API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 
 # Watch events for our own writes arrive after a moment (seconds on a busy API server). Within this window an
 # identical write is not repeated just because the mirror of the cluster has not caught up; a real outside
@@ -48,6 +53,37 @@ def _digest(obj: dict) -> str:
 
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Outcome:
+    """What executing a plan came to: writes made, objects refused (another object owns them), writes the
+    API server turned down."""
+
+    writes: int = 0
+    refused: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    skipped: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) not written: retry next time
+
+
+def _api_message(exc: Exception) -> str:
+    """The API server's own message (a Status object's `message`), else the exception's class and text."""
+    if isinstance(exc, ApiException):
+        text = ""
+        try:
+            text = json.loads(exc.body or b"{}").get("message") or ""
+        except (ValueError, AttributeError):
+            text = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+        text = text or str(exc.reason or "")
+        return f"{exc.status}: {text}"[:API_MESSAGE_MAX]
+    return f"{type(exc).__name__}: {exc}"[:API_MESSAGE_MAX]
+
+
+def _describe_owner(child: dict) -> str:
+    for ref in (child.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return f"{ref.get('kind', '?')}/{ref.get('name', '?')} (uid {ref.get('uid', '?')})"
+    return "no controller (made outside this serving)"
 
 
 @dataclass
@@ -83,6 +119,11 @@ class Controller:
         self._recent[key] = (what, now)
         return True
 
+    def _retry(self, namespace: str, skipped: set[tuple[str, str]]) -> None:
+        """Writes that did not happen are not "recent": the next reconcile tries them (and reports) again."""
+        for kind, name in skipped:
+            self._recent.pop((kind, namespace, name), None)
+
     def _skip_repeats(self, namespace: str, p: Plan) -> None:
         """Drop writes identical to ones made moments ago (the watch has not shown them yet)."""
         now = time.monotonic()
@@ -94,6 +135,8 @@ class Controller:
         p.restored = [r for r in p.restored if r in applied]
         p.delete_pods = [n for n in p.delete_pods if self._first(("Pod", namespace, n), "delete", now)]
         p.delete = [(k, n) for k, n in p.delete if self._first((k, namespace, n), "delete", now)]
+        p.delete_first = [(k, n) for k, n in p.delete_first if self._first((k, namespace, n), "delete", now)]
+        p.migrating = [g for g in p.migrating if str(g) in applied_groups]
         if len(self._recent) > 10000:  # forget old entries so memory stays flat
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
@@ -106,62 +149,149 @@ class Controller:
         self.stats.reconciles += 1
         meta = body["metadata"]
         name, namespace = meta["name"], meta["namespace"]
-        # This operator is the only writer of status: what it last wrote is newer than a body whose watch event
-        # has not arrived yet, so conditions keep their transition times and an unchanged status is not rewritten.
+        # This operator is the only writer of its conditions: what it last wrote is newer than a body whose
+        # watch event has not arrived yet, so conditions keep their transition times and an unchanged status
+        # is not rewritten. Other tools' conditions are taken from the body.
         status = self._status.get((namespace, name)) or body.get("status") or {}
+        previous = previous_conditions(status.get("conditions"), (body.get("status") or {}).get("conditions"))
         generation = meta.get("generation")
         try:
             spec = parse_spec(body.get("spec"))
         except SpecError as exc:
-            message = "; ".join(str(e) for e in exc.errors)
             new_status = {"observedGeneration": generation}
-            conds = merge_conditions(status.get("conditions"), invalid_spec_conditions(message), now_iso(), generation)
+            conds = merge_conditions(previous, invalid_spec_conditions([str(e) for e in exc.errors]), now_iso(),
+                                     generation)  # fmt: skip
             await self._write_status(body, status, {**new_status, "conditions": conds}, logger)
             return
         obj = DeepSeekServing(metadata=dict(meta), spec=spec)
 
+        # Decide over this serving's own children only; `observed` (everything carrying its labels) is kept
+        # to check, before each write, that no other object owns the name.
+        mine = owned(observed, meta.get("uid"), serving_label_value(name))
         extra_conds: list[Cond] = []
         if self.autoscaler is not None and spec.autoscaling.enabled:
-            extra_conds, scaled = await self.autoscaler.evaluate(body, obj, observed, self.kube, logger)
+            extra_conds, scaled = await self.autoscaler.evaluate(body, obj, mine, self.kube, logger)
             if scaled is not None:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
-        p = plan(obj, observed)
+        p = plan(obj, mine)
         self._skip_repeats(namespace, p)
+        outcome = Outcome()
         if p.writes:
             log.info("%s/%s: apply %s; patch %s; delete %s; delete pods %s", namespace, name,
-                     [f"{o['kind']}/{o['metadata']['name']}" for o in p.apply], p.patch_replicas, p.delete,
-                     p.delete_pods)  # fmt: skip
-            await asyncio.to_thread(self._execute, namespace, p)
-            self.stats.writes += p.writes
+                     [f"{o['kind']}/{o['metadata']['name']}" for o in p.apply], p.patch_replicas,
+                     p.delete_first + p.delete, p.delete_pods)  # fmt: skip
+            outcome = await asyncio.to_thread(self._execute, namespace, meta.get("uid"), name, p, observed)
+            self._retry(namespace, outcome.skipped)
+            _drop_unwritten(p, outcome.skipped)
+            self.stats.writes += outcome.writes
             self._report(body, p, logger)
 
         counts = group_counts(p.groups)
         extra_groups = len(p.deleted_groups)
         conds = group_conditions(p.groups, spec.replicas, extra_groups) + extra_conds
+        if outcome.failed or outcome.refused:
+            conds = [c for c in conds if c.type != "Degraded"] + [_write_problems(outcome)]
         new_status = {
             "observedGeneration": generation,
             **counts,
             "desiredReplicas": spec.replicas,
             "selector": selector_string(name),
             "endpoint": endpoint(name, namespace, spec),
-            "conditions": merge_conditions(status.get("conditions"), conds, now_iso(), generation),
+            "conditions": merge_conditions(previous, conds, now_iso(), generation),
         }
         if self.autoscaler is not None and spec.autoscaling.enabled:
             new_status.update(self.autoscaler.status_fields(body))
         await self._write_status(body, status, new_status, logger)
 
-    def _execute(self, namespace: str, p: Plan) -> None:
+    def _owner_conflict(self, namespace: str, uid: str | None, label: str, obj: dict, observed: Observed) -> str | None:
+        """Why `obj` must not be written (an object of its name belongs to someone else), else None."""
+        if not uid:
+            return None
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        table = {"StatefulSet": observed.statefulsets, "Service": observed.services,
+                 "PodDisruptionBudget": observed.pdbs, "NetworkPolicy": observed.netpols}  # fmt: skip
+        live = table.get(kind, {}).get(name)
+        if live is None:
+            live = self.kube.get(namespace, kind, name)  # not among ours: is the name taken by another object?
+        if live is None:
+            return None
+        owner = controller_uid(live)
+        if owner == uid:
+            return None
+        labels = (live.get("metadata") or {}).get("labels") or {}
+        if owner is None and labels.get(SERVING_LABEL) == label and labels.get("app.kubernetes.io/managed-by") == MANAGED_BY:
+            return None  # an orphan of this serving (e.g. deleted with --cascade=orphan, then re-created): adopt it
+        return f"{kind}/{name} belongs to {_describe_owner(live)}"
+
+    def _execute(self, namespace: str, uid: str | None, serving: str, p: Plan, observed: Observed) -> Outcome:
+        """Make the plan's writes. An object another owns is not written; a write the API server refuses is
+        recorded; either way the rest goes on, except what depends on it (a group's pods are not replaced
+        when its StatefulSet was not written)."""
+        out = Outcome()
+        label = serving_label_value(serving)
+        blocked: set[str] = set()  # StatefulSets not written
+
+        def attempt(kind: str, name: str, call) -> bool:
+            try:
+                call()
+                out.writes += 1
+                return True
+            except Exception as exc:  # noqa: BLE001 - reported in status, retried at the next reconcile
+                out.failed.append(f"{kind}/{name}: {_api_message(exc)}")
+                out.skipped.add((kind, name))
+                log.warning("%s/%s: writing %s/%s failed: %s", namespace, serving, kind, name, _api_message(exc))
+                return False
+
+        for kind, name in p.delete_first:
+            attempt(kind, name, lambda k=kind, n=name: self._delete_unobserved(namespace, uid, k, n))
         for obj in p.apply:
-            self.kube.apply(obj)
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            try:
+                conflict = self._owner_conflict(namespace, uid, label, obj, observed)
+            except Exception as exc:  # noqa: BLE001 - the check could not be made: do not write blind
+                out.failed.append(f"{kind}/{name}: {_api_message(exc)}")
+                conflict, written = None, False
+            else:
+                if conflict:
+                    out.refused.append(conflict)
+                written = not conflict and attempt(kind, name, lambda o=obj: self.kube.apply(o))
+            if not written:
+                out.skipped.add((kind, name))
+                if kind == "StatefulSet":
+                    blocked.add(name)
         for sts, replicas in p.patch_replicas:
-            self.kube.patch_replicas(namespace, sts, replicas)
+            attempt("StatefulSet", sts, lambda s=sts, r=replicas: self.kube.patch_replicas(namespace, s, r))
         for pod in p.delete_pods:
-            self.kube.delete(namespace, "Pod", pod)
+            if statefulset_of(pod) in blocked:
+                out.skipped.add(("Pod", pod))
+                continue
+            attempt("Pod", pod, lambda n=pod: self.kube.delete(namespace, "Pod", n))
         for kind, name in p.delete:
+            if kind == "ComputeDomain":  # not watched: check it is ours first
+                attempt(kind, name, lambda k=kind, n=name: self._delete_unobserved(namespace, uid, k, n))
+            else:
+                attempt(kind, name, lambda k=kind, n=name: self.kube.delete(namespace, k, n))
+        return out
+
+    def _delete_unobserved(self, namespace: str, uid: str | None, kind: str, name: str) -> None:
+        """Delete an object the controller does not watch, only if this serving controls it."""
+        if not uid:
             self.kube.delete(namespace, kind, name)
+            return
+        live = self.kube.get(namespace, kind, name)
+        if live is None or controller_uid(live) != uid:
+            return  # gone, or another's: not ours to delete
+        self.kube.delete(namespace, kind, name, uid=(live.get("metadata") or {}).get("uid"))
 
     def _report(self, body: dict, p: Plan, logger: logging.Logger) -> None:
+        if p.migrating:
+            kopf.event(body, type="Normal", reason="GroupsRenaming",
+                       message=f"creating replica groups {p.migrating} under their current names beside the old "
+                       "ones, which serve until the new ones are ready")  # fmt: skip
+        if p.migrated:
+            kopf.event(body, type="Normal", reason="GroupsRenamed",
+                       message=f"replica groups {p.migrated} serve under their current names: old copies deleted")  # fmt: skip
         if p.created_groups:
             kopf.event(body, type="Normal", reason="GroupsCreated", message=f"created replica groups {p.created_groups}")
         if p.deleted_groups:
@@ -188,3 +318,21 @@ class Controller:
             kopf.event(body, type=kind, reason=reason, message=message)
             if kind == "Warning":
                 logger.warning("%s: %s", reason, message)
+
+
+def _write_problems(outcome: Outcome) -> Cond:
+    if outcome.failed:
+        parts = [f"the API server refused {f}" for f in outcome.failed] + [f"not written: {r}" for r in outcome.refused]
+        return Cond("Degraded", "True", "ApplyFailed", join_capped(parts))
+    parts = [f"not written: {r}; rename this serving or remove that object" for r in outcome.refused]
+    return Cond("Degraded", "True", "OwnershipConflict", join_capped(parts))
+
+
+def _drop_unwritten(p: Plan, skipped: set[tuple[str, str]]) -> None:
+    """Events tell of what was done: groups whose StatefulSet was not written are not announced."""
+    groups = {o["metadata"]["labels"].get(GROUP_LABEL) for o in p.apply
+              if o["kind"] == "StatefulSet" and ("StatefulSet", o["metadata"]["name"]) in skipped}  # fmt: skip
+    p.created_groups = [g for g in p.created_groups if str(g) not in groups]
+    p.rolling = [g for g in p.rolling if str(g) not in groups]
+    p.migrating = [g for g in p.migrating if str(g) not in groups]
+    p.restored = [r for r in p.restored if tuple(r.split("/", 1)) not in skipped]

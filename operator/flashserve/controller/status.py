@@ -2,6 +2,9 @@
 
 Conditions: Ready, Progressing, Degraded (plus MetricsAvailable and ScalingLimited from the autoscaler).
 A condition's lastTransitionTime changes only when its status does; reason and message may change freely.
+Messages are capped (MESSAGE_MAX_BYTES): a status patch with an oversized message is refused by the API
+server, and then no status at all would be written. Conditions of types this operator does not own (written
+by other tools) are kept as they are.
 """
 
 from __future__ import annotations
@@ -11,6 +14,37 @@ from dataclasses import dataclass
 from flashserve.controller.plan import GroupState
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "MetricsAvailable", "ScalingLimited")
+MESSAGE_MAX_BYTES = 4096
+REASON_MAX = 1024
+
+
+def cap(text: str, limit: int = MESSAGE_MAX_BYTES) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary, marked with an ellipsis."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    marker = "…"
+    return data[: limit - len(marker.encode())].decode(errors="ignore") + marker
+
+
+def join_capped(parts: list[str], sep: str = "; ", limit: int = MESSAGE_MAX_BYTES) -> str:
+    """The parts joined while they fit `limit` bytes, then `… and N more` for the ones left out."""
+    out: list[str] = []
+    size = 0
+    for i, part in enumerate(parts):
+        rest = len(parts) - i - 1
+        tail = f"{sep}… and {rest} more" if rest else ""
+        piece = (sep if out else "") + part
+        if size + len(piece.encode()) + len(tail.encode()) <= limit:
+            out.append(piece)
+            size += len(piece.encode())
+            continue
+        left = len(parts) - i
+        more = f"{sep if out else ''}… and {left} more"
+        if not out:  # not even the first part fits: cut it rather than say nothing
+            return cap(part, limit - len(f"{sep}… and {left - 1} more".encode())) + (f"{sep}… and {left - 1} more" if left > 1 else "")
+        return "".join(out) + more
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -21,8 +55,16 @@ class Cond:
     message: str = ""
 
 
+def previous_conditions(last_written: list[dict] | None, on_object: list[dict] | None) -> list[dict]:
+    """The conditions to merge into: ours as this operator last wrote them (newer than an object whose watch
+    event has not arrived yet), other tools' as the object has them now."""
+    ours = [c for c in last_written or [] if isinstance(c, dict) and c.get("type") in CONDITION_TYPES]
+    theirs = [c for c in on_object or [] if isinstance(c, dict) and c.get("type") not in CONDITION_TYPES]
+    return ours + theirs
+
+
 def merge_conditions(previous: list[dict] | None, new: list[Cond], now: str, generation: int | None) -> list[dict]:
-    old = {c.get("type"): c for c in previous or []}
+    old = {c.get("type"): c for c in previous or [] if isinstance(c, dict)}
     out = []
     for c in new:
         prev = old.pop(c.type, None)
@@ -30,15 +72,16 @@ def merge_conditions(previous: list[dict] | None, new: list[Cond], now: str, gen
         cond = {
             "type": c.type,
             "status": c.status,
-            "reason": c.reason,
-            "message": c.message,
+            "reason": cap(c.reason, REASON_MAX),
+            "message": cap(c.message),
             "lastTransitionTime": now if changed else prev.get("lastTransitionTime", now),
         }
         if generation is not None:
             cond["observedGeneration"] = generation
         out.append(cond)
-    out += [c for t, c in old.items() if t in CONDITION_TYPES and t not in {n.type for n in new}]
-    return sorted(out, key=lambda c: CONDITION_TYPES.index(c["type"]) if c["type"] in CONDITION_TYPES else 99)
+    # Ours that this round did not report keep their last value; other tools' conditions are theirs to keep.
+    out += [c for t, c in old.items() if t not in {n.type for n in new}]
+    return sorted(out, key=lambda c: CONDITION_TYPES.index(c["type"]) if c.get("type") in CONDITION_TYPES else 99)
 
 
 def group_conditions(groups: list[GroupState], desired: int, extra_groups: int) -> list[Cond]:
@@ -77,7 +120,8 @@ def group_conditions(groups: list[GroupState], desired: int, extra_groups: int) 
     return conds
 
 
-def invalid_spec_conditions(message: str) -> list[Cond]:
+def invalid_spec_conditions(errors: list[str]) -> list[Cond]:
+    message = join_capped(errors)
     return [
         Cond("Ready", "False", "InvalidSpec", message),
         Cond("Progressing", "False", "InvalidSpec", "fix the spec; children are left as they are"),

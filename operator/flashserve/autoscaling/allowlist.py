@@ -1,0 +1,72 @@
+"""Which Prometheus URLs the operator may query for a serving (spec.autoscaling.prometheusUrl).
+
+The operator sends GET requests wherever a serving points it, from inside the cluster, so an unchecked URL
+lets anyone who may create a serving probe internal services. Allowed by default: the operator's own
+--prometheus-url (same scheme, host and port) and Services of the serving's own namespace
+(`<service>.<namespace>.svc[.cluster.local]`). The operator's --prometheus-allow entries add to that:
+a URL prefix (`https://thanos.example.com/prom`: same scheme, host and port, path under it) or a host
+pattern (`prometheus.monitoring.svc`, `*.monitoring.svc.cluster.local`, optionally with `:port`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+_SERVICE_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return None
+    return parts.scheme, parts.hostname.lower().rstrip("."), port or (443 if parts.scheme == "https" else 80)
+
+
+@dataclass(frozen=True)
+class PrometheusAllowList:
+    operator_url: str | None = None
+    """The operator's --prometheus-url."""
+    entries: tuple[str, ...] = ()
+    """--prometheus-allow: URL prefixes and host patterns."""
+    own_namespace: bool = True
+    """Allow Services of the serving's own namespace."""
+
+    def refusal(self, url: str, namespace: str) -> str | None:
+        """None when `url` may be queried for a serving in `namespace`; else why not."""
+        origin = _origin(url)
+        if origin is None:
+            return "not an http(s) URL with a host (and no user:password@)"
+        _, host, port = origin
+        if self.operator_url and _origin(self.operator_url) == origin:
+            return None
+        if self.own_namespace and re.fullmatch(rf"{_SERVICE_LABEL}\.{re.escape(namespace)}\.svc(\.cluster\.local)?", host):
+            return None
+        path = urlsplit(url).path or "/"
+        for entry in self.entries:
+            if "://" in entry:
+                if _origin(entry) == origin and _under(path, urlsplit(entry).path or "/"):
+                    return None
+                continue
+            pattern, _, want_port = entry.lower().partition(":")
+            if want_port and (not want_port.isdigit() or int(want_port) != port):
+                continue
+            if pattern.startswith("*.") and host.endswith(pattern[1:]) or host == pattern:
+                return None
+        return (f"the operator allows only its own --prometheus-url, Services of namespace {namespace} "
+                "(<service>.<namespace>.svc) and its --prometheus-allow list")  # fmt: skip
+
+
+def _under(path: str, prefix: str) -> bool:
+    prefix = prefix.rstrip("/")
+    return path == prefix or path.startswith(prefix + "/") or not prefix
+
+
+def parse_entries(values: list[str] | None) -> tuple[str, ...]:
+    """--prometheus-allow values (repeatable, each comma-separated) as one tuple of entries."""
+    return tuple(e.strip() for v in values or [] for e in v.split(",") if e.strip())

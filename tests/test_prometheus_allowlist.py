@@ -1,0 +1,126 @@
+"""spec.autoscaling.prometheusUrl cannot make the operator probe arbitrary endpoints: only allowed URLs are
+queried, redirects are not followed, and nothing an endpoint answers comes back through the status."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
+from flashserve.controller.main import _parser
+from tests.test_controller_autoscale import RecordingKube, body_for, evaluate, events, loopback_scaler, ready_observed  # noqa: F401
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://prometheus.team-a.svc:9090", True),
+        ("http://prometheus.team-a.svc.cluster.local:9090/prom", True),
+        ("http://prometheus.team-b.svc:9090", False),  # another tenant's namespace
+        ("http://a.b.team-a.svc:9090", False),  # not a Service name
+        ("http://169.254.169.254/latest/meta-data", False),
+        ("http://kubernetes.default.svc", False),
+        ("http://prometheus.team-a.svc@evil.example.com/", False),  # userinfo trick: the host is evil
+        ("http://op-prom.monitoring.svc:9090", True),  # the operator's own --prometheus-url
+        ("http://op-prom.monitoring.svc:9091", False),  # same host, another port
+        ("ftp://prometheus.team-a.svc", False),
+    ],
+)
+def test_default_allow_list(url, allowed):
+    allow = PrometheusAllowList(operator_url="http://op-prom.monitoring.svc:9090")
+    assert (allow.refusal(url, "team-a") is None) == allowed
+
+
+def test_allow_entries_add_prefixes_and_host_patterns():
+    allow = PrometheusAllowList(entries=parse_entries(["https://thanos.example.com/prom,*.monitoring.svc", "vm:8428"]))
+    assert allow.refusal("https://thanos.example.com/prom/api", "ns") is None
+    assert allow.refusal("https://thanos.example.com/other", "ns") is not None
+    assert allow.refusal("http://thanos.example.com/prom", "ns") is not None, "scheme is part of the prefix"
+    assert allow.refusal("http://p.monitoring.svc:9090", "ns") is None
+    assert allow.refusal("http://vm:8428", "ns") is None and allow.refusal("http://vm:8429", "ns") is not None
+    assert PrometheusAllowList(own_namespace=False).refusal("http://p.ns.svc", "ns") is not None
+
+
+def test_flags_and_environment(monkeypatch):
+    args = _parser().parse_args(["--prometheus-allow", "a.example,b.example", "--prometheus-allow", "c.example",
+                                 "--no-prometheus-allow-own-namespace"])  # fmt: skip
+    assert parse_entries(args.prometheus_allow) == ("a.example", "b.example", "c.example")
+    assert args.prometheus_allow_own_namespace is False
+    monkeypatch.setenv("FLASHSERVE_PROMETHEUS_ALLOW", "x.example")
+    args = _parser().parse_args([])
+    assert parse_entries(args.prometheus_allow) == ("x.example",) and args.prometheus_allow_own_namespace is True
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    hits: list[str] = []
+    status = 403
+    location = ""
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).hits.append(self.path)
+        body = b"internal-only: db password hunter2"
+        self.send_response(self.status)
+        if self.location:
+            self.send_header("Location", self.location)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    servers = []
+
+    def start(status: int = 403, location: str = "") -> tuple[str, type]:
+        handler = type("H", (_Endpoint,), {"hits": [], "status": status, "location": location})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", handler
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def _metrics_condition(scaler, url):
+    conds, scaled = evaluate(scaler, body_for(url), ready_observed(2), RecordingKube())
+    assert scaled is None
+    return {c.type: c for c in conds}["MetricsAvailable"]
+
+
+def test_a_url_not_allowed_is_never_requested(endpoint, events):  # noqa: F811
+    from flashserve.controller.autoscale import Autoscaler
+
+    url, handler = endpoint()
+    cond = _metrics_condition(Autoscaler(), url)  # default allow-list: 127.0.0.1 is not on it
+    assert cond.status == "False" and "NotAllowed" in cond.message
+    assert handler.hits == [], "the operator must not send the request"
+
+
+def test_an_error_body_is_not_quoted(endpoint, events):  # noqa: F811
+    url, handler = endpoint(403)
+    cond = _metrics_condition(loopback_scaler(), url)
+    assert handler.hits, "allowed: queried"
+    assert "HTTPError 403" in cond.message
+    assert "internal-only" not in cond.message and "hunter2" not in cond.message
+
+
+def test_redirects_are_not_followed(endpoint, events):  # noqa: F811
+    target, target_handler = endpoint(200)
+    url, _ = endpoint(302, location=target + "/api/v1/query")
+    cond = _metrics_condition(loopback_scaler(), url)
+    assert "HTTPError 302" in cond.message
+    assert target_handler.hits == [], "a redirect must not lead the operator elsewhere"
+
+
+def test_a_non_prometheus_answer_is_a_bad_response(endpoint, events):  # noqa: F811
+    url, _ = endpoint(200)
+    cond = _metrics_condition(loopback_scaler(), url)
+    assert "BadResponse" in cond.message and "internal-only" not in cond.message
