@@ -5,11 +5,12 @@ PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 CRD := crds/flashserve.io_deepseekservings.yaml
 
-.PHONY: help install deps toolchain crds check-crds test unit e2e demo clean
+.PHONY: help install deps toolchain vllm-venv crds check-crds test unit e2e demo clean
 
 help:
 	@echo "make install     Python venv with flashserve and its test tools ($(VENV))"
-	@echo "make deps        system packages the local cluster needs (Prometheus) and the cluster toolchain"
+	@echo "make deps        system packages the local cluster needs (Prometheus), the cluster toolchain and the"
+	@echo "                 vLLM 0.33 contract venv (tools/vllm-contract/install.sh)"
 	@echo "make crds        regenerate $(CRD) from the typed API"
 	@echo "make test        unit tests, then e2e tests on the local cluster (brought up if needed)"
 	@echo "make demo        the main job: cluster, operator, mock engines, autoscaling under load -> out/demo/"
@@ -27,7 +28,10 @@ install: $(VENV)/.installed
 toolchain:
 	e2e/toolchain/build.sh
 
-deps: toolchain
+vllm-venv:
+	tools/vllm-contract/install.sh
+
+deps: toolchain vllm-venv
 	e2e/install-system-deps.sh
 
 crds: install
@@ -43,7 +47,7 @@ unit: install
 e2e: install deps
 	$(PYTEST) e2e
 
-test: unit e2e
+test: install deps unit e2e
 
 # The main job: local cluster, operator, mock engines, an autoscaled serving under agentic load; chart + summary.
 demo: install deps

@@ -41,7 +41,7 @@ def valid_specs(draw) -> dict:
         },
         "autoscaling": {"sla": {"perUserTokensPerSecond": draw(st.floats(1, 1000))}},
     }
-    if ep and draw(st.booleans()):
+    if spec["parallelism"]["dbo"]["enabled"] or (ep and draw(st.booleans())):
         spec["parallelism"]["all2allBackend"] = "deepep_low_latency"
     if ACCELERATORS[acc].multi_node_nvlink and draw(st.booleans()):
         spec["placement"]["computeDomain"] = {"enabled": True}

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from flashserve.api import v1alpha1 as api
+from flashserve.api.validation import SpecError, parse_spec
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 
@@ -38,6 +39,7 @@ TOPOLOGIES: dict[str, dict] = {
     "b200-tp2": {"placement": {"accelerator": "B200"}, "parallelism": {"tensorParallelSize": 2}},
     "b300-tp8": {"placement": {"accelerator": "B300"}, "parallelism": {"tensorParallelSize": 8, "expertParallel": False}},
     "gb200-2node-dbo": _wide("GB200", 2, dbo={"enabled": True}, eplb={"enabled": True}),
+    "gb200-2node-dbo-high-throughput": _wide("GB200", 2, dbo={"enabled": True}, all2allBackend="deepep_high_throughput"),
     "gb200-2node-spec": _wide("GB200", 2),
     "gb300-4node-dbo": _wide("GB300", 4, dbo={"enabled": True}, eplb={"enabled": True, "numRedundantExperts": 32}),
     "gb300-3node-spec": _wide("GB300", 3, eplb={"enabled": True}),
@@ -88,11 +90,17 @@ def _literal_values(field) -> list[str]:
 
 
 def enum_sweep() -> dict[str, dict]:
+    """One CR per value; where the base's EPLB does not go with a value, without EPLB (the API refuses the
+    pair, and test_backend_rules_are_vllms checks that vLLM does too)."""
     out = {}
     for (section, key), field in _SWEPT.items():
         for value in _literal_values(field):
             spec = copy.deepcopy(_SWEEP_BASE)
             spec.setdefault(section, {})[key] = value
+            try:
+                parse_spec(spec)
+            except SpecError:
+                spec["parallelism"]["eplb"] = {"enabled": False}
             out[f"{key}-{value}"] = spec
     return out
 
@@ -101,5 +109,5 @@ def corpus() -> dict[str, dict]:
     """Every CR of the corpus by name: the samples, the topologies and the enum sweep."""
     crs = {f"sample-{p.stem}": yaml.safe_load(p.read_text()) for p in sorted(SAMPLES.glob("*.yaml"))}
     for name, spec in {**TOPOLOGIES, **enum_sweep()}.items():
-        crs[name] = _cr(name.lower().replace(".", "-"), spec)
+        crs[name] = _cr(name.lower().replace(".", "-").replace("_", "-"), spec)
     return crs

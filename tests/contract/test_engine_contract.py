@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 
 from tests.contract.conftest import check_engines
 from tests.contract.corpus import corpus
+from flashserve import vllm_rules
 from flashserve.accelerators import ACCELERATORS
+from flashserve.api import v1alpha1 as api
+from flashserve.api.validation import SpecError
 from flashserve.api.validation import parse_serving
 from tests.contract.pods import engine_pods
 
@@ -50,7 +53,9 @@ def valid_specs(draw) -> dict:
     }
     if spec["engine"]["asyncScheduling"] is None:
         del spec["engine"]["asyncScheduling"]
-    if ep and draw(st.booleans()):
+    if dbo:
+        spec["parallelism"]["all2allBackend"] = draw(st.sampled_from(vllm_rules.DBO_ALL2ALL_BACKENDS))
+    elif ep and draw(st.booleans()):
         spec["parallelism"]["all2allBackend"] = draw(st.sampled_from(["deepep_low_latency", "deepep_high_throughput"]))
     return spec
 
@@ -150,3 +155,33 @@ def test_stubs_are_only_native_extensions(verdicts):
     assert stubbed, "no stub recorded: the harness did not run the config level"
     assert all(m.startswith("vllm.") and m.rsplit(".", 1)[-1].startswith("_") for m in stubbed), sorted(stubbed)
     print("\nstubbed native modules: " + json.dumps(sorted(stubbed)))
+
+
+def test_backend_rules_are_vllms(vllm_python):
+    """Every all2all backend vLLM offers, with DBO and with EPLB: the API admits the pair exactly when vLLM
+    builds the engine config (vllm_rules.py holds the lists the API, the CEL rules and this test share)."""
+    from tests.contract.corpus import _literal_values
+
+    backends = _literal_values(api.ParallelismSpec.model_fields["all2all_backend"])
+    base = {"parallelism": {"nodesPerReplica": 2}, "engine": {"speculative": {"enabled": False}}}
+    cases, admitted = [], {}
+    for backend in backends:
+        for feature in ("dbo", "eplb"):
+            spec = {**base, "parallelism": {**base["parallelism"], "all2allBackend": backend, feature: {"enabled": True}}}
+            cid = f"{backend}+{feature}"
+            try:
+                parse_serving({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "grid"}, "spec": spec})
+                admitted[cid] = True
+            except SpecError:
+                admitted[cid] = False
+            # The argv of the spec with the rule under test lifted: render a twin the API admits, then put the
+            # backend back, so vLLM judges exactly the pair.
+            twin = {**spec, "parallelism": {**spec["parallelism"], "all2allBackend": "deepep_low_latency"}}
+            pod = engine_pods({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "grid"}, "spec": twin})[0]
+            argv = list(pod["argv"])
+            argv[argv.index("--all2all-backend") + 1] = backend
+            cases.append({"id": cid, "argv": argv, "env": pod["env"], "accelerator": pod["accelerator"]})
+    out = check_engines(vllm_python, cases)
+    disagree = {cid: (admitted[cid], out[cid]["error"]) for cid in admitted if admitted[cid] != out[cid]["ok"]}
+    assert not disagree, "the API and vLLM disagree on:\n" + "\n".join(
+        f"  {cid}: API {'admits' if a else 'refuses'}, vLLM: {err or 'accepts'}" for cid, (a, err) in disagree.items())

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
+from flashserve import vllm_rules
 from flashserve.api import v1alpha1 as api
 from flashserve.vllm_args import managed_arg_pattern
 
@@ -76,6 +77,7 @@ RULES: dict[str, list[dict[str, str]]] = {
             "message": "EPLB needs expertParallel: true",
             "fieldPath": ".eplb.enabled",
         },
+        *vllm_rules.CEL_RULES,
     ],
     "AutoscalingSpec": [
         {

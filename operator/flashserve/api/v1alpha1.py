@@ -161,8 +161,10 @@ class EngineSpec(_Model):
     """Overlap scheduling with execution: true renders `--async-scheduling`, false `--no-async-scheduling`;
     unset lets vLLM decide (it turns it on where the configuration supports it)."""
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=MAX_LIST)
-    """Further `vllm serve` arguments, passed as separate arguments (never through a shell). Flags the
-    operator manages (parallelism, port, model, buckets, ...) are refused: set the matching field instead."""
+    """Further `vllm serve` options, passed as separate arguments (never through a shell). Options that set what
+    the operator manages (parallelism, port, model, context, batching, speculative decoding, buckets, ...) are
+    refused under every spelling vLLM accepts, and so are inline secrets, unknown options, positional
+    arguments and `--config`: set the matching field instead."""
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST)
     """Further environment variables for the engine. Variables the operator manages are refused."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)

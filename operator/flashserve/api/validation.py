@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from flashserve import vllm_rules
 from flashserve.accelerators import accelerator
 from flashserve.api import context_length
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
@@ -89,6 +90,23 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 "dual-microbatch overlap needs expertParallel: true and more than one data-parallel rank "
                 f"(now expertParallel={str(par.expert_parallel).lower()}, data-parallel size {lay.dp_size}): "
                 "enable expert parallelism or set dbo.enabled: false",
+            )
+        )
+    if par.dbo.enabled and par.all2all_backend not in vllm_rules.DBO_ALL2ALL_BACKENDS:
+        errs.append(
+            FieldError(
+                "spec.parallelism.all2allBackend",
+                f"dual-microbatch overlap needs an all-to-all backend that splits microbatches, not "
+                f"{par.all2all_backend or 'the default (allgather_reducescatter)'}: set all2allBackend to "
+                + " or ".join(vllm_rules.DBO_ALL2ALL_BACKENDS) + ", or dbo.enabled: false",
+            )
+        )
+    if par.eplb.enabled and par.all2all_backend in vllm_rules.NO_EPLB_ALL2ALL_BACKENDS:
+        errs.append(
+            FieldError(
+                "spec.parallelism.eplb.enabled",
+                f"EPLB cannot rearrange experts with the {par.all2all_backend} all-to-all backend: "
+                "set eplb.enabled: false or choose another all2allBackend",
             )
         )
     if par.eplb.enabled and not par.expert_parallel:
