@@ -282,3 +282,41 @@ def test_external_readiness_leaves_ready_to_the_runtime(cluster: E2ECluster, nam
         assert all(s.ready and s.state.running for s in p.status.container_statuses)
     finally:
         ensure_up(pod_readiness=before, quiet=True)
+
+
+# The API server and `flashserve validate` must agree on the rules vLLM imposes (server-side dry run).
+_VLLM_RULE_CASES = {
+    "dbo-with-speculative": {"parallelism": {"nodesPerReplica": 2, "all2allBackend": "deepep_low_latency",
+                                             "dbo": {"enabled": True}}, "engine": {"speculative": {"enabled": True}}},
+    "dbo-default-backend": {"parallelism": {"nodesPerReplica": 2, "dbo": {"enabled": True}}},
+    "dbo-deepep": {"parallelism": {"nodesPerReplica": 2, "all2allBackend": "deepep_low_latency", "dbo": {"enabled": True}}},
+    "eplb-moonep": {"parallelism": {"all2allBackend": "moonep", "eplb": {"enabled": True}}},
+    "context-1.5K": {"engine": {"maxModelLen": "1.5K"}},
+    "context-2M": {"engine": {"maxModelLen": "2M"}},
+    "context-1e5": {"engine": {"maxModelLen": "1e5"}},
+    "context-0": {"engine": {"maxModelLen": 0}},
+    "context-25.6k": {"engine": {"maxModelLen": "25.6k"}},
+    "context-32K": {"engine": {"maxModelLen": "32K"}},
+    "context-auto": {"engine": {"maxModelLen": "auto"}},
+    "extra-sc": {"engine": {"extraArgs": ["-sc", '{"method":"dspark"}']}},
+    "extra-no-async": {"engine": {"extraArgs": ["--no-async-scheduling"]}},
+    "extra-disable-ep": {"engine": {"extraArgs": ["--disable-expert-parallel"]}},
+    "extra-log-requests": {"engine": {"extraArgs": ["--enable-log-requests"]}},
+    "async-off": {"engine": {"asyncScheduling": False}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(_VLLM_RULE_CASES))
+def test_api_server_and_validate_agree_on_vllm_rules(case: str, crd_installed: str, namespace: str, kubectl):
+    from flashserve.api.validation import SpecError, parse_serving
+
+    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+          "metadata": {"name": "rule-" + case.lower().replace(".", "-"), "namespace": namespace},
+          "spec": _VLLM_RULE_CASES[case]}
+    try:
+        parse_serving(copy.deepcopy(cr))
+        ours = True
+    except SpecError:
+        ours = False
+    proc = kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(cr), check=False)
+    assert (proc.returncode == 0) == ours, f"validate {'admits' if ours else 'refuses'}; API server: {proc.stderr or proc.stdout}"

@@ -55,6 +55,7 @@ if [ ! -f "$venv/.complete" ]; then
     'import vllm.engine.arg_utils, vllm.entrypoints.cli.serve, vllm.v1.metrics.loggers' >/dev/null 2>&1 \
     || { log "the venv does not import vLLM: see the output of: $venv/bin/python -c 'import vllm.engine.arg_utils'"; exit 1; }
   touch "$venv/.complete"
-  log "done in $(( $(date +%s) - start ))s, $(du -sh "$venv" | cut -f1) on disk (download cache: $(du -sh "$UV_CACHE_DIR" | cut -f1))"
+  # uv hard-links the venv's files to its download cache, so the two together take about the venv's size.
+  log "done in $(( $(date +%s) - start ))s, $(du -sh "$cache_root" | cut -f1) on disk with uv's download cache"
 fi
 echo "$venv"
