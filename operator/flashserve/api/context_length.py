@@ -70,7 +70,7 @@ def cel_rules() -> list[dict[str, str]]:
     Truncation as vLLM does it: a decimal size below 1 token (`0.0001k`) is refused by the `>= 1.0` test."""
     string_ok = (
         f"self.matches('{PATTERN.replace(chr(92), chr(92) * 2)}') && "
-        f"(self == 'auto' || cel.bind(n, {_cel_string_tokens()}, n >= 1.0 && n <= {float(MAX_TOKENS)!r}))"
+        f"(self == 'auto' || ({_cel_string_tokens()} >= 1.0 && {_cel_string_tokens()} <= {float(MAX_TOKENS)!r}))"
     )
     return [
         {
