@@ -177,12 +177,12 @@ def test_drift_is_restored(operator, kubectl, namespace):
 
 def test_invalid_spec_is_reported_and_changes_nothing(operator, kubectl, namespace):
     # Passes admission (the CRD cannot see managed environment variables) but not the operator's validation.
-    apply_serving(kubectl, namespace, {"engine": {"env": [{"name": "HF_TOKEN", "value": "inline"}]}})
+    apply_serving(kubectl, namespace, {"engine": {"env": [{"name": "HF_TOKEN", "value": "hf_sEcReT-value-7"}]}})
     wait_until(lambda: condition(serving(kubectl, namespace), "Ready").get("reason") == "InvalidSpec", 30,
                what="InvalidSpec")  # fmt: skip
     cond = condition(serving(kubectl, namespace), "Ready")
     assert cond["status"] == "False" and "spec.engine.env[0].name" in cond["message"]
-    assert "inline" not in cond["message"], "a secret-like value leaked into status"
+    assert "sEcReT" not in cond["message"], "a secret-like value leaked into status"
     time.sleep(3)
     assert statefulsets(kubectl, namespace) == []
     kubectl("-n", namespace, "patch", "dss", "flash", "--type", "json", "-p", '[{"op":"remove","path":"/spec/engine/env"}]')
