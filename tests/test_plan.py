@@ -39,6 +39,8 @@ def observe(obj, *, ready: bool = True, hash_override: dict[int, str] | None = N
             out.services[name] = live
         elif kind == "PodDisruptionBudget":
             out.pdbs[name] = live
+        elif kind == "NetworkPolicy":
+            out.netpols[name] = live
     return out
 
 
@@ -52,7 +54,7 @@ def test_empty_cluster_creates_every_group_and_shared_objects():
     obj = serving({"replicas": 2})
     p = plan(obj, Observed())
     kinds = sorted(o["kind"] for o in p.apply)
-    assert kinds == ["PodDisruptionBudget", "Service", "Service", "Service", "StatefulSet", "StatefulSet"]
+    assert kinds == ["NetworkPolicy", "PodDisruptionBudget", "Service", "Service", "Service", "StatefulSet", "StatefulSet"]
     assert p.created_groups == [0, 1] and not p.restored
 
 
@@ -134,3 +136,11 @@ def test_scale_down_deletes_the_compute_domains_of_removed_groups():
     p = plan(serving({**spec, "replicas": 1}), observe(serving({**spec, "replicas": 3})))
     assert [d for d in p.delete if d[0] == "ComputeDomain"] == [("ComputeDomain", compute_domain_name("flash", 2)),
                                                                ("ComputeDomain", compute_domain_name("flash", 1))]  # fmt: skip
+
+
+def test_network_policy_is_applied_by_default_and_deleted_when_turned_off():
+    on = serving({})
+    assert [o["metadata"]["name"] for o in plan(on, Observed()).apply if o["kind"] == "NetworkPolicy"] == ["flash"]
+    off = serving({"networkPolicy": {"enabled": False}})
+    p = plan(off, observe(on))
+    assert p.delete == [("NetworkPolicy", "flash")] and not p.apply

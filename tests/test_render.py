@@ -133,17 +133,17 @@ def test_client_service_and_pdb():
     assert pdb["spec"]["maxUnavailable"] == 2
 
 
-def test_network_policy_is_optional_and_never_restarts_engines():
-    plain = render(cr({}))
-    assert not by_kind(plain, "NetworkPolicy")
-    objs = render(cr({"networkPolicy": {"enabled": True, "allowedNamespaces": ["gateway", "monitoring"]}}))
+def test_network_policy_is_on_by_default_can_be_turned_off_and_never_restarts_engines():
+    off = render(cr({"networkPolicy": {"enabled": False}}))
+    assert not by_kind(off, "NetworkPolicy")
+    objs = render(cr({"networkPolicy": {"allowedNamespaces": ["gateway"]}}))
     pol = by_kind(objs, "NetworkPolicy")[0]
     assert pol["spec"]["podSelector"] == {"matchLabels": {"flashserve.io/serving": "flash"}}
     api_rule = pol["spec"]["ingress"][1]
     assert api_rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}} in api_rule["from"]
     h = lambda objs: by_kind(objs, "StatefulSet")[0]["metadata"]["annotations"]["flashserve.io/template-hash"]  # noqa: E731
-    assert h(plain) == h(objs)
+    assert h(off) == h(objs)
     from tests.k8s_schema import validate
 
     validate(pol)

@@ -185,8 +185,8 @@ def _group_context(obj: DeepSeekServing, lay: Layout, index: int) -> dict:
         resources["claims"] = [{"name": "imex-channel"}]
 
     capabilities: dict = {"drop": ["ALL"]}
-    if lay.multi_node:
-        capabilities["add"] = ["IPC_LOCK"]  # RDMA memory registration between nodes
+    if spec.engine.ipc_lock:
+        capabilities["add"] = ["IPC_LOCK"]  # RDMA memory registration; outside Pod Security baseline
     volumes, mounts = _volumes(spec)
     thash = template_hash(spec)
     return {
@@ -248,6 +248,12 @@ def render_group(obj: DeepSeekServing, index: int) -> list[dict]:
     return out
 
 
+def _namespace_peers(namespaces: list[str]) -> list[dict]:
+    # kubernetes.io/metadata.name is set by the API server on every namespace and cannot be changed, so a
+    # namespace cannot claim another's name.
+    return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}} for ns in dict.fromkeys(namespaces)]
+
+
 def render_shared(obj: DeepSeekServing) -> list[dict]:
     """Objects shared by all groups: the client Service, the PodDisruptionBudget and [a NetworkPolicy]."""
     name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
@@ -265,10 +271,14 @@ def render_shared(obj: DeepSeekServing) -> list[dict]:
     out = [_render("service.yaml.j2", **ctx), _render("pdb.yaml.j2", **ctx)]
     netpol = obj.spec.network_policy
     if netpol.enabled:
-        peers = [{"podSelector": {}}] + [
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}} for ns in netpol.allowed_namespaces
-        ]
-        out.append(_render("networkpolicy.yaml.j2", **ctx, api_peers=peers))
+        out.append(
+            _render(
+                "networkpolicy.yaml.j2",
+                **ctx,
+                client_peers=[{"podSelector": {}}] + _namespace_peers(netpol.allowed_namespaces),
+                monitoring_peers=_namespace_peers(netpol.monitoring_namespaces),
+            )
+        )
     return out
 
 

@@ -32,6 +32,7 @@ PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 NAMESPACED_ACCESS = {
     ("flashserve.io", "deepseekservings"): {"get", "list", "watch", "patch"},
     ("flashserve.io", "deepseekservings/status"): {"patch"},
+    ("flashserve.io", "deepseekservings/finalizers"): {"update"},
     ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
@@ -46,9 +47,10 @@ DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolic
 
 
 # A serving that makes the renderer produce every kind it can: multi-node groups with a ComputeDomain, and
-# the engines' NetworkPolicy.
+# the engines' NetworkPolicy. It has a uid, as a stored serving does, so the children get owner references.
 _FULL_SERVING = {
-    "apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": "flash", "namespace": "team-a"},
+    "apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+    "metadata": {"name": "flash", "namespace": "team-a", "uid": "0b9f7d3e-5c1a-4e8b-9d2f-6a4c3b2e1f00"},
     "spec": {"parallelism": {"nodesPerReplica": 2}, "networkPolicy": {"enabled": True},
              "placement": {"accelerator": "GB200", "computeDomain": {"enabled": True}}},
 }  # fmt: skip
@@ -142,7 +144,11 @@ def test_namespaced_rules_match_what_the_code_does(render):
     def need(group: str, resource: str, *verbs: str) -> None:
         needed.setdefault((group, resource), set()).update(verbs)
 
-    applied = {(o["apiVersion"], o["kind"]) for o in render_serving(_FULL_SERVING)}
+    children = render_serving(_FULL_SERVING)
+    applied = {(o["apiVersion"], o["kind"]) for o in children}
+    if any(ref.get("blockOwnerDeletion") for o in children for ref in o["metadata"].get("ownerReferences", [])):
+        # OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion needs update on the owner's finalizers.
+        need("flashserve.io", "deepseekservings/finalizers", "update")
     assert ("resource.nvidia.com/v1beta1", "ComputeDomain") in applied and ("networking.k8s.io/v1", "NetworkPolicy") in applied
     for (api_version, kind), path in kube._PATHS.items():
         group = api_version.rpartition("/")[0]
@@ -210,6 +216,12 @@ def test_watch_namespaces_gives_a_role_per_namespace(render):
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
 
 
+def test_finalizers_subresource_in_every_variant(render):
+    """Without it every child create fails under OwnerReferencesPermissionEnforcement (OpenShift)."""
+    for r, kind, ns in ((render(), "ClusterRole", None), (render(*COMBOS["watch-namespaces"]), "Role", "team-b")):
+        assert _rules(r.find(kind, OP, ns))[("flashserve.io", "deepseekservings/finalizers")] == {"update"}
+
+
 def test_compute_domains_can_be_left_out(render):
     role = _rules(render("--set", "rbac.computeDomains=false").find("ClusterRole", OP))
     assert ("resource.nvidia.com", "computedomains") not in role
@@ -255,6 +267,36 @@ def test_deployment_is_restricted_and_highly_available(render):
     assert r.find("PodDisruptionBudget", OP)["spec"]["maxUnavailable"] == 1
     assert r.find("ServiceAccount", OP)["automountServiceAccountToken"] is False
     assert pod["automountServiceAccountToken"] is True
+
+
+def test_operator_pod_meets_restricted_pod_security(render):
+    from tests.pod_security import violations
+
+    pod = render().find("Deployment", OP)["spec"]["template"]["spec"]
+    assert violations(pod, "restricted") == []
+
+
+def test_operator_network_policy(render):
+    """Evaluated with Kubernetes' NetworkPolicy semantics: Prometheus's namespace reaches the metrics and
+    health ports and nothing else; other namespaces reach nothing; off with one value."""
+    from tests.netpol_eval import Pod, allowed
+
+    r = render()
+    pol = r.find("NetworkPolicy", OP, NAMESPACE)
+    dep = r.find("Deployment", OP)
+    operator = Pod(NAMESPACE, dep["spec"]["template"]["metadata"]["labels"])
+    prometheus, stranger = Pod("monitoring", {"app": "prometheus"}), Pod("team-a", {"app": "x"})
+    neighbour = Pod(NAMESPACE, {"app": "x"})
+    for port, want in ((8082, True), (8081, True), (9999, False)):
+        assert allowed([pol], prometheus, operator, port) is want, port
+        assert not allowed([pol], stranger, operator, port) and not allowed([pol], neighbour, operator, port)
+    moved = render("--set", "networkPolicy.monitoringNamespaces={observability}", "--set", "operator.metricsPort=9100")
+    pol = moved.find("NetworkPolicy", OP, NAMESPACE)
+    assert allowed([pol], Pod("observability", {}), operator, 9100)
+    assert not allowed([pol], prometheus, operator, 9100) and not allowed([pol], Pod("observability", {}), operator, 8082)
+    none = render("--set", "networkPolicy.monitoringNamespaces=null").find("NetworkPolicy", OP, NAMESPACE)
+    assert none["spec"]["ingress"] == [] and not allowed([none], prometheus, operator, 8082)
+    assert not render("--set", "networkPolicy.enabled=false").all("NetworkPolicy")
 
 
 def test_deployment_args_are_what_flashserve_run_accepts(render):

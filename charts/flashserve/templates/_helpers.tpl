@@ -80,6 +80,11 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
 - apiGroups: ["flashserve.io"]
   resources: ["deepseekservings/status"]
   verbs: ["patch"]
+- apiGroups: ["flashserve.io"]
+  resources: ["deepseekservings/finalizers"]
+  # the children's owner references set blockOwnerDeletion, which OwnerReferencesPermissionEnforcement
+  # (on by default in OpenShift) allows only to whoever may update the owner's finalizers
+  verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   # one per replica group: applied, scaled, deleted with its group

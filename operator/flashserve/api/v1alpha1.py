@@ -32,6 +32,7 @@ MAX_LIST = 64
 MAX_STRING = 4096
 
 K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 MaxModelLen = Annotated[int | str, Field(json_schema_extra=MAX_MODEL_LEN_JSON_SCHEMA)]
@@ -171,6 +172,13 @@ class EngineSpec(_Model):
     """CPU, memory and shared memory per pod; GPUs follow from the accelerator."""
     port: int = Field(8000, ge=1024, le=65535)
     """Port of the OpenAI API and /metrics inside the pod."""
+    # Unset rather than false by default, so that servings that never set it keep their template hash and
+    # their engines are not restarted by an operator upgrade.
+    ipc_lock: bool | None = None
+    """Add the IPC_LOCK capability to the engine container, so NCCL, NIXL or DeepEP can pin memory for RDMA
+    (InfiniBand or RoCE verbs) between nodes. Multi-node NVLink on GB200/GB300 through an IMEX ComputeDomain
+    does not need it. Unset or false: every capability is dropped and the pods meet the `restricted` Pod
+    Security Standard; true needs a namespace that allows `privileged` (IPC_LOCK is outside `baseline`)."""
 
 
 # ---------------------------------------------------------------------------------------- parallelism
@@ -334,12 +342,16 @@ class AutoscalingSpec(_Model):
 
 
 class NetworkPolicySpec(_Model):
-    enabled: bool = False
-    """Create a NetworkPolicy for the engine pods: pods of the serving may reach each other on any port
-    (data-parallel RPC and NCCL bootstrap), and clients reach only the API port."""
-    allowed_namespaces: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(default_factory=list, max_length=MAX_LIST)
-    """Namespaces (besides the serving's own) whose pods may call the API port, e.g. a gateway's and
-    Prometheus's namespaces."""
+    enabled: bool = True
+    """Create a NetworkPolicy for the engine pods (on by default; false removes it and leaves the engines open
+    to every pod of the cluster). Pods of this serving reach each other on every port (data-parallel RPC, NCCL
+    bootstrap); pods of the serving's namespace, of `allowedNamespaces` and of `monitoringNamespaces` reach
+    only the API port, which also serves /metrics; nothing else reaches the engines."""
+    allowed_namespaces: list[NamespaceName] = Field(default_factory=list, max_length=MAX_LIST)
+    """Namespaces (besides the serving's own) whose pods may call the API port, e.g. a gateway's."""
+    monitoring_namespaces: list[NamespaceName] = Field(default_factory=lambda: ["monitoring"], max_length=MAX_LIST)
+    """Namespaces of the Prometheus that scrapes the engines (the autoscaler reads their metrics from it):
+    their pods may reach the API port, which serves /metrics. Empty: no namespace beyond the ones above."""
 
 
 class RolloutSpec(_Model):
@@ -363,7 +375,7 @@ class DeepSeekServingSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     """How pod changes roll out over groups."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
-    """Optional NetworkPolicy limiting who may reach the engines."""
+    """The NetworkPolicy that limits who may reach the engines (on by default)."""
 
     def speculative_decoding(self) -> bool:
         """Whether the engines run speculative decoding: as set, or by default unless DBO is on."""

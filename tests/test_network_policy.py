@@ -1,0 +1,190 @@
+"""Who may reach which port of the engines, by evaluating the rendered NetworkPolicy with the Kubernetes
+semantics in tests/netpol_eval.py (the local cluster enforces no NetworkPolicy). Also checks the evaluator
+itself on the rules the matrix depends on."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashserve.render import render
+from tests.netpol_eval import Pod, allowed
+from tests.test_render import by_kind, cr
+
+NS = "team-a"
+API, RPC, NCCL = 8000, 29550, 40123  # NCCL's bootstrap and socket transport pick ephemeral ports
+
+
+def _serving(name: str = "flash", **network_policy) -> list[dict]:
+    spec = {"parallelism": {"nodesPerReplica": 2}, "replicas": 2}
+    if network_policy:
+        spec["networkPolicy"] = network_policy
+    c = cr(spec, name=name)
+    c["metadata"]["namespace"] = NS
+    return render(c)
+
+
+def _engine_pod(objs: list[dict], group: int = 0) -> Pod:
+    sts = by_kind(objs, "StatefulSet")[group]
+    template = sts["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+    return Pod(sts["metadata"]["namespace"], template["metadata"]["labels"], ports=ports)
+
+
+def _policies(*servings: list[dict]) -> list[dict]:
+    return [o for objs in servings for o in by_kind(objs, "NetworkPolicy")]
+
+
+def _matrix(policies: list[dict], dst: Pod, sources: dict[str, Pod]) -> dict[str, tuple[bool, bool, bool]]:
+    return {who: tuple(allowed(policies, src, dst, port) for port in (API, RPC, NCCL)) for who, src in sources.items()}
+
+
+def test_default_policy_matrix():
+    flash, other = _serving(allowedNamespaces=["gateway"]), _serving("other")
+    policies = _policies(flash, other)
+    assert len(policies) == 2, "the policy is on by default"
+    dst = _engine_pod(flash, 0)
+    own_labels = _engine_pod(flash, 1).labels
+    sources = {
+        "same group": _engine_pod(flash, 0),
+        "other group of the serving": _engine_pod(flash, 1),
+        "other serving, same namespace": _engine_pod(other, 0),
+        "plain pod, same namespace": Pod(NS, {"app": "client"}),
+        "gateway (allowedNamespaces)": Pod("gateway", {"app": "envoy"}),
+        "prometheus (monitoringNamespaces)": Pod("monitoring", {"app.kubernetes.io/name": "prometheus"}),
+        "random namespace": Pod("elsewhere", {"app": "x"}),
+        "random namespace with the serving's labels": Pod("elsewhere", own_labels),
+        "gateway with the serving's labels": Pod("gateway", own_labels),
+        "namespace labelled like the operator's": Pod("flashserve-system", {"app.kubernetes.io/component": "operator"}),
+    }
+    #                                                 API    RPC    NCCL
+    assert _matrix(policies, dst, sources) == {
+        "same group":                                 (True, True, True),
+        "other group of the serving":                 (True, True, True),
+        "other serving, same namespace":              (True, False, False),
+        "plain pod, same namespace":                  (True, False, False),
+        "gateway (allowedNamespaces)":                (True, False, False),
+        "prometheus (monitoringNamespaces)":          (True, False, False),
+        "random namespace":                           (False, False, False),
+        "random namespace with the serving's labels": (False, False, False),
+        "gateway with the serving's labels":          (True, False, False),
+        "namespace labelled like the operator's":     (False, False, False),
+    }  # fmt: skip
+    # The other serving's engines are isolated from this serving's in the same way.
+    assert not allowed(policies, dst, _engine_pod(other, 0), RPC)
+    assert allowed(policies, _engine_pod(other, 1), _engine_pod(other, 0), RPC)
+
+
+def test_the_ports_are_the_rendered_ones():
+    objs = _serving()
+    dst = _engine_pod(objs)
+    assert dst.ports == {"http": API, "dp-rpc": RPC}
+    moved = render(cr({"engine": {"port": 9000}, "parallelism": {"nodesPerReplica": 2}}))
+    policies, moved_dst = _policies(moved), _engine_pod(moved)
+    client = Pod("ns", {"app": "client"})
+    assert allowed(policies, client, moved_dst, 9000) and not allowed(policies, client, moved_dst, API)
+
+
+def test_monitoring_namespaces():
+    prom = Pod("observability", {"app": "prometheus"})
+    default_prom = Pod("monitoring", {"app": "prometheus"})
+    stranger = Pod("elsewhere", {})
+    objs = _serving(monitoringNamespaces=["observability"])
+    dst = _engine_pod(objs)
+    assert allowed(_policies(objs), prom, dst, API) and not allowed(_policies(objs), prom, dst, RPC)
+    assert not allowed(_policies(objs), default_prom, dst, API)
+    # None at all: the rule is left out rather than rendered with an empty `from`, which would admit everyone.
+    objs = _serving(monitoringNamespaces=[])
+    dst = _engine_pod(objs)
+    assert not allowed(_policies(objs), default_prom, dst, API)
+    assert not allowed(_policies(objs), stranger, dst, API)
+    assert allowed(_policies(objs), Pod(NS, {}), dst, API)
+
+
+def test_turned_off_everyone_reaches_every_port():
+    objs = _serving(enabled=False)
+    assert not _policies(objs)
+    dst = _engine_pod(objs)
+    assert allowed(_policies(objs), Pod("elsewhere", {}), dst, RPC)
+
+
+def test_operator_needs_no_rule():
+    """The operator reads pod readiness from the API server and engine metrics from Prometheus; it never
+    connects to an engine, so its namespace gets no rule. Guard that assumption: the controller code names
+    no engine URL or port."""
+    from pathlib import Path
+
+    import flashserve.controller as controller
+
+    for path in Path(controller.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "engine.port" not in text and "rpc_port" not in text, f"{path.name} talks to engines"
+
+
+def test_allowed_namespaces_must_be_namespace_names():
+    from flashserve.api.validation import SpecError
+
+    with pytest.raises(SpecError, match="allowedNamespaces"):
+        render(cr({"networkPolicy": {"allowedNamespaces": ["Not_A_Namespace"]}}))
+    with pytest.raises(SpecError, match="monitoringNamespaces"):
+        render(cr({"networkPolicy": {"monitoringNamespaces": [""]}}))
+
+
+# ------------------------------------------------------------------------------------- the evaluator
+
+
+def _policy(ns: str, pod_selector: dict, ingress: list | None, **spec) -> dict:
+    body = {"podSelector": pod_selector, **spec}
+    if ingress is not None:
+        body["ingress"] = ingress
+    return {"kind": "NetworkPolicy", "metadata": {"name": "p", "namespace": ns}, "spec": body}
+
+
+A = Pod("a", {"app": "web"}, ports={"http": 80})
+B_SAME_NS = Pod("a", {"app": "db"})
+C_OTHER_NS = Pod("c", {"app": "db"}, namespace_labels={"team": "blue"})
+
+
+def test_eval_unselected_pods_accept_everything_and_policy_types_matter():
+    assert allowed([], C_OTHER_NS, A, 1)
+    assert allowed([_policy("a", {"matchLabels": {"app": "other"}}, [])], C_OTHER_NS, A, 1)
+    assert allowed([_policy("c", {}, [])], C_OTHER_NS, A, 1), "a policy of another namespace does not isolate"
+    assert not allowed([_policy("a", {}, [])], B_SAME_NS, A, 1), "an empty selector isolates every pod"
+    egress_only = _policy("a", {}, None, policyTypes=["Egress"])
+    assert allowed([egress_only], C_OTHER_NS, A, 1)
+    implied_both = _policy("a", {}, None, egress=[{}])
+    assert not allowed([implied_both], C_OTHER_NS, A, 1)
+
+
+def test_eval_empty_from_and_ports_match_everything():
+    assert allowed([_policy("a", {}, [{}])], C_OTHER_NS, A, 12345)
+    only_80 = _policy("a", {}, [{"ports": [{"port": 80}]}])
+    assert allowed([only_80], C_OTHER_NS, A, 80) and not allowed([only_80], C_OTHER_NS, A, 81)
+    assert not allowed([only_80], C_OTHER_NS, A, 80, "UDP")
+
+
+def test_eval_peers():
+    same_ns_db = _policy("a", {}, [{"from": [{"podSelector": {"matchLabels": {"app": "db"}}}]}])
+    assert allowed([same_ns_db], B_SAME_NS, A, 1) and not allowed([same_ns_db], C_OTHER_NS, A, 1)
+    blue = _policy("a", {}, [{"from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}]}])
+    assert allowed([blue], C_OTHER_NS, A, 1) and not allowed([blue], B_SAME_NS, A, 1)
+    both = [{"namespaceSelector": {"matchLabels": {"team": "blue"}}, "podSelector": {"matchLabels": {"app": "web"}}}]
+    assert not allowed([_policy("a", {}, [{"from": both}])], C_OTHER_NS, A, 1), "both selectors must match"
+    either = [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}, {"podSelector": {"matchLabels": {"app": "web"}}}]
+    assert allowed([_policy("a", {}, [{"from": either}])], C_OTHER_NS, A, 1), "separate peers add up"
+    by_name = _policy("a", {}, [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "c"}}}]}])
+    assert allowed([by_name], C_OTHER_NS, A, 1)
+    cidr = _policy("a", {}, [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]}])
+    assert allowed([cidr], Pod("x", ip="10.2.3.4"), A, 1) and not allowed([cidr], Pod("x", ip="10.1.3.4"), A, 1)
+
+
+def test_eval_ports_and_expressions():
+    ranged = _policy("a", {}, [{"ports": [{"port": 100, "endPort": 200}]}])
+    assert allowed([ranged], C_OTHER_NS, A, 200) and not allowed([ranged], C_OTHER_NS, A, 201)
+    named = _policy("a", {}, [{"ports": [{"port": "http"}]}])
+    assert allowed([named], C_OTHER_NS, A, 80) and not allowed([named], C_OTHER_NS, A, 8080)
+    expr = _policy("a", {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]}, [])
+    assert allowed([expr], C_OTHER_NS, A, 1), "the selector does not pick A, so A is not isolated"
+    exists = _policy("a", {"matchExpressions": [{"key": "app", "operator": "Exists"}]}, [])
+    assert not allowed([exists], C_OTHER_NS, A, 1)
+    rules_add_up = [_policy("a", {}, [{"ports": [{"port": 1}]}]), _policy("a", {}, [{"ports": [{"port": 2}]}])]
+    assert allowed(rules_add_up, C_OTHER_NS, A, 1) and allowed(rules_add_up, C_OTHER_NS, A, 2)
