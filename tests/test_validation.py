@@ -22,7 +22,7 @@ def test_minimal_spec_is_a_sensible_deployment():
     assert spec.placement.accelerator == "GB200"
     assert spec.model.name == "deepseek-ai/DeepSeek-V4.1-Flash-1017"
     assert spec.model.served_model_names == ["deepseek-flash"]
-    assert spec.parallelism.expert_parallel and spec.engine.prefix_caching and spec.engine.speculative.enabled
+    assert spec.parallelism.expert_parallel and spec.engine.prefix_caching and spec.speculative_decoding()
     assert spec.replicas == 1
 
 
@@ -45,6 +45,11 @@ def test_minimal_spec_is_a_sensible_deployment():
         ({"model": {"servedModelNames": ["a", "a"]}}, "spec.model.servedModelNames", "unique"),
         ({"engine": {"maxNumSeqs": 4096, "maxNumBatchedTokens": 2048}}, "spec.engine.maxNumBatchedTokens", "at least maxNumSeqs"),
         ({"engine": {"maxModelLen": "lots"}}, "spec.engine.maxModelLen", "not a context length"),
+        ({"engine": {"maxModelLen": "1.5K"}}, "spec.engine.maxModelLen", "32K (32768)"),
+        ({"engine": {"maxModelLen": "2M"}}, "spec.engine.maxModelLen", "at most 1M"),
+        ({"engine": {"maxModelLen": 0}}, "spec.engine.maxModelLen", "at least 1"),
+        ({"parallelism": {"nodesPerReplica": 2, "dbo": {"enabled": True}}, "engine": {"speculative": {"enabled": True}}},
+         "spec.engine.speculative.enabled", "dual-microbatch overlap"),
         ({"engine": {"extraArgs": ["--enable-log-requests", "--tensor-parallel-size=2"]}}, "spec.engine.extraArgs[1]", "spec.parallelism.tensorParallelSize"),
         ({"engine": {"extraArgs": ["-tp", "2"]}}, "spec.engine.extraArgs[0]", "operator manages"),
         ({"engine": {"extraArgs": ["--max_num_seqs=5"]}}, "spec.engine.extraArgs[0]", "spec.engine.maxNumSeqs"),

@@ -13,7 +13,7 @@ import pytest
 from flashserve.api.validation import parse_spec
 from flashserve.bench.prom import bucket_quantile
 from flashserve.layout import layout
-from flashserve.vllm_args import START_RANK_SCRIPT, command, itl_buckets, ttft_buckets, vllm_args
+from flashserve.vllm_args import START_RANK_SCRIPT, command, engine_env, itl_buckets, ttft_buckets, vllm_args
 from flashserve.vllm_flags import DEFAULT_ITL_BUCKETS, DEFAULT_TTFT_BUCKETS, lookup
 
 WIDE_EP = {
@@ -44,8 +44,23 @@ def test_single_node_gb200_defaults():
     assert "--data-parallel-size 4" in joined and "--tensor-parallel-size 1" in joined
     assert "--enable-expert-parallel" in args and "--enable-prefix-caching" in args
     assert "--data-parallel-address" not in args and "--data-parallel-size-local" not in args
-    assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "dspark", "num_speculative_tokens": 1}
+    assert {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "1"} in engine_env(s, layout(s))
+    assert "--async-scheduling" not in args and "--no-async-scheduling" not in args
     assert command(layout(s)) == ["vllm", "serve"]
+
+
+@pytest.mark.parametrize("value,flag", [(True, "--async-scheduling"), (False, "--no-async-scheduling")])
+def test_async_scheduling_is_said_either_way(value, flag):
+    s = parse_spec({"engine": {"asyncScheduling": value}})
+    args = vllm_args(s, layout(s))
+    assert flag in args and {"--async-scheduling", "--no-async-scheduling"} - {flag} - set(args)
+
+
+def test_dbo_turns_unset_speculative_decoding_off():
+    s = parse_spec(WIDE_EP)
+    assert "--speculative-config" not in vllm_args(s, layout(s), "leader")
+    assert all(e["name"] != "VLLM_USE_V2_MODEL_RUNNER" for e in engine_env(s, layout(s)))
 
 
 def test_multi_node_pattern():

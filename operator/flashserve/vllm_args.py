@@ -20,6 +20,7 @@ HF_HOME = "/var/cache/huggingface"
 # Environment variables the wrapper script reads: set by the operator, never by users.
 POD_INDEX_ENV = "FLASHSERVE_POD_INDEX"
 DP_LOCAL_ENV = "FLASHSERVE_DP_LOCAL"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 # The whole script is this constant: pod index and ranks per node come from the environment, and the vLLM
 # arguments (which carry user values) arrive as "$@".
@@ -74,6 +75,7 @@ MANAGED_ENV: frozenset[str] = frozenset(
     {
         POD_INDEX_ENV,
         DP_LOCAL_ENV,
+        V2_RUNNER_ENV,
         "HF_TOKEN",
         "HF_HOME",
         "HF_HUB_OFFLINE",
@@ -205,15 +207,17 @@ def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None
     args += ["--max-model-len", str(eng.max_model_len)]
     args += ["--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}"]
     args += ["--max-num-seqs", str(eng.max_num_seqs), "--max-num-batched-tokens", str(eng.max_num_batched_tokens)]
-    if eng.speculative.enabled:
-        spec_cfg = {"method": "mtp", "num_speculative_tokens": eng.speculative.num_speculative_tokens}
+    if spec.speculative_decoding():
+        # DeepSeek V4.1 checkpoints carry DSpark draft stages, not a classic MTP head: vLLM refuses "mtp".
+        spec_cfg = {"method": "dspark", "num_speculative_tokens": eng.speculative.num_speculative_tokens}
         args += ["--speculative-config", _json(spec_cfg)]
     if eng.cuda_graph_mode:
         args += ["--compilation-config", _json({"cudagraph_mode": eng.cuda_graph_mode})]
-    if eng.async_scheduling:
-        args.append("--async-scheduling")
+    if eng.async_scheduling is not None:
+        # Unset leaves it to vLLM, which turns it on where supported: off must be said.
+        args.append("--async-scheduling" if eng.async_scheduling else "--no-async-scheduling")
     # Centre on the expected step latency: between one token per step (no draft accepted) and all accepted.
-    drafts = eng.speculative.num_speculative_tokens if eng.speculative.enabled else 0
+    drafts = eng.speculative.num_speculative_tokens if spec.speculative_decoding() else 0
     buckets = {"inter_token_latency": itl_buckets(spec.autoscaling.sla.per_user_tokens_per_second, 1 + 0.8 * drafts)}
     if spec.autoscaling.sla.ttft_seconds is not None:
         buckets["time_to_first_token"] = ttft_buckets(spec.autoscaling.sla.ttft_seconds)
@@ -244,6 +248,9 @@ def engine_env(spec: DeepSeekServingSpec, lay: Layout) -> list[dict]:
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
         if accelerator(spec.placement.accelerator).multi_node_nvlink:
             env += [{"name": n, "value": "1"} for n in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE")]
+    if spec.speculative_decoding():
+        # DSpark runs only on vLLM's V2 model runner; unset, vLLM may fall back to V1 and refuse it.
+        env.append({"name": V2_RUNNER_ENV, "value": "1"})
     source = spec.model.source
     if source.pvc is not None:
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -53,4 +52,3 @@ def check_engines(python: Path, cases: list[dict]) -> dict[str, dict]:
     return {v["id"]: v for v in verdicts}
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -58,6 +58,14 @@ RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
         {
+            "rule": "!self.parallelism.dbo.enabled || !has(self.engine.speculative.enabled) "
+            "|| !self.engine.speculative.enabled",
+            "message": "vLLM cannot combine dual-microbatch overlap with speculative decoding: set "
+            "engine.speculative.enabled: false (or leave it unset) or parallelism.dbo.enabled: false",
+            "fieldPath": ".engine.speculative.enabled",
+            "reason": "FieldValueInvalid",
+        },
+        {
             "rule": "self.parallelism.nodesPerReplica == 1 || self.placement.accelerator in ['B200', 'B300'] "
             "|| self.placement.nvlinkDomain.enabled",
             "message": "multi-node groups on GB200/GB300 must stay in one NVLink domain: "
@@ -116,7 +124,9 @@ def _convert(node: dict, defs: dict, model: type[BaseModel] | None = None) -> di
         return out
     if node.get("x-kubernetes-int-or-string"):
         out = {"x-kubernetes-int-or-string": True}
-        out.update({k: node[k] for k in ("description", "default") if k in node})
+        out.update({k: node[k] for k in ("description", "default", "x-kubernetes-validations") if k in node})
+        if "description" in out:
+            out["description"] = " ".join(out["description"].split())
         return out
     if "anyOf" in node:
         members = [m for m in node["anyOf"] if m.get("type") != "null"]

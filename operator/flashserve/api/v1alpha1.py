@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from flashserve.accelerators import AcceleratorName
+from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
 
 GROUP = "flashserve.io"
 VERSION = "v1alpha1"
@@ -33,6 +34,7 @@ MAX_STRING = 4096
 K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+MaxModelLen = Annotated[int | str, Field(json_schema_extra=MAX_MODEL_LEN_JSON_SCHEMA)]
 
 
 class _Model(BaseModel):
@@ -101,8 +103,10 @@ class ModelSpec(_Model):
 
 
 class SpeculativeSpec(_Model):
-    enabled: bool = True
-    """Multi-token prediction (MTP) speculative decoding with the model's own MTP head."""
+    enabled: bool | None = None
+    """DSpark speculative decoding with the draft stages shipped in the DeepSeek V4.1 checkpoint (vLLM method
+    `dspark`, which runs on vLLM's V2 model runner; V4.1 has no classic MTP draft). Unset: on, except with
+    dual-microbatch overlap (parallelism.dbo), which vLLM cannot combine with speculative decoding."""
     num_speculative_tokens: int = Field(1, ge=1, le=4)
     """Draft tokens proposed per step."""
 
@@ -131,8 +135,10 @@ class EngineSpec(_Model):
     image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=r"^[^\s]+$")
     """vLLM OpenAI server image (vLLM 0.33). Pin a digest in production."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    max_model_len: Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})] = 131072
-    """Context length: an integer, a `32k`/`1m` style size, or `auto`."""
+    max_model_len: MaxModelLen = 131072
+    """Context length in tokens, as vLLM reads `--max-model-len`: an integer, a size with a decimal suffix
+    (`k`, `m`: `32k` is 32000, `25.6k` is 25600) or a binary one (`K`, `M`: `32K` is 32768; whole numbers
+    only), or `auto` for the model's own maximum. At most 1048576 (1M, DeepSeek V4.1's context)."""
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "nvfp4_ds_mla"] = "fp8_ds_mla"
     """KV cache dtype; `fp8_ds_mla` is DeepSeek's FP8 MLA cache layout."""
     attention_backend: Literal["FLASHINFER_MLA", "FLASHMLA", "CUTLASS_MLA", "TRITON_MLA", "FLASHMLA_SPARSE"] | None = (
@@ -142,7 +148,7 @@ class EngineSpec(_Model):
     prefix_caching: bool = True
     """Automatic prefix caching: agentic sessions resend a growing context, mostly served from cache."""
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
-    """MTP speculative decoding."""
+    """DSpark speculative decoding."""
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
     """Share of each GPU's memory vLLM may use."""
     max_num_seqs: int = Field(1024, ge=1, le=65536)
@@ -151,8 +157,9 @@ class EngineSpec(_Model):
     """Token budget of one engine step (prefill chunks plus decodes)."""
     cuda_graph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] | None = None
     """CUDA graph mode (compilation config `cudagraph_mode`); unset keeps vLLM's default FULL_AND_PIECEWISE."""
-    async_scheduling: bool = False
-    """Overlap scheduling with execution (`--async-scheduling`)."""
+    async_scheduling: bool | None = None
+    """Overlap scheduling with execution: true renders `--async-scheduling`, false `--no-async-scheduling`;
+    unset lets vLLM decide (it turns it on where the configuration supports it)."""
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=MAX_LIST)
     """Further `vllm serve` arguments, passed as separate arguments (never through a shell). Flags the
     operator manages (parallelism, port, model, buckets, ...) are refused: set the matching field instead."""
@@ -353,6 +360,11 @@ class DeepSeekServingSpec(_Model):
     """How pod changes roll out over groups."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Optional NetworkPolicy limiting who may reach the engines."""
+
+    def speculative_decoding(self) -> bool:
+        """Whether the engines run speculative decoding: as set, or by default unless DBO is on."""
+        enabled = self.engine.speculative.enabled
+        return (not self.parallelism.dbo.enabled) if enabled is None else enabled
 
 
 # --------------------------------------------------------------------------------------------- status

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from flashserve.accelerators import accelerator
+from flashserve.api import context_length
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
 from flashserve.layout import layout
 from flashserve.vllm_args import MANAGED_ENV, MANAGED_FLAGS, managed_flag_of
@@ -147,15 +148,19 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 f"must be at least maxNumSeqs ({eng.max_num_seqs}), as vLLM requires: raise it or lower maxNumSeqs",
             )
         )
-    if isinstance(eng.max_model_len, str) and not _is_size(eng.max_model_len):
+    try:
+        context_length.tokens(eng.max_model_len)
+    except ValueError as exc:
+        errs.append(FieldError("spec.engine.maxModelLen", str(exc)))
+    if par.dbo.enabled and eng.speculative.enabled:
         errs.append(
             FieldError(
-                "spec.engine.maxModelLen",
-                f"{eng.max_model_len!r} is not a context length: use an integer, a size like 32k or 1m, or auto",
+                "spec.engine.speculative.enabled",
+                "vLLM cannot combine dual-microbatch overlap (spec.parallelism.dbo.enabled: true) with speculative "
+                "decoding: set engine.speculative.enabled: false (or leave it unset, which turns it off with DBO) "
+                "or parallelism.dbo.enabled: false",
             )
         )
-    elif isinstance(eng.max_model_len, int) and eng.max_model_len < 1:
-        errs.append(FieldError("spec.engine.maxModelLen", "must be positive"))
     for i, arg in enumerate(eng.extra_args):
         flag = managed_flag_of(arg)
         if flag is not None:
@@ -191,18 +196,6 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
             )
         )
     return errs
-
-
-def _is_size(text: str) -> bool:
-    t = text.strip().lower()
-    if t == "auto":
-        return True
-    if t and t[-1] in "kmg":
-        t = t[:-1]
-    try:
-        return float(t) > 0
-    except ValueError:
-        return False
 
 
 def parse_spec(spec: dict | None) -> DeepSeekServingSpec:

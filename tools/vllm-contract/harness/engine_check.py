@@ -34,7 +34,9 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import shutil
 import sys
+import time
 import tempfile
 import traceback
 import types
@@ -149,6 +151,10 @@ def _import_model_stack(platform_cls) -> None:
 
         for arch in MODEL_ARCHITECTURES:
             ModelRegistry.models[arch].load_model_cls()
+            # vLLM inspects the class in a subprocess and caches the answer per process: once here, before
+            # forking, rather than once per case.
+            if ModelRegistry._try_inspect_model_cls(arch) is None:
+                raise RuntimeError(f"vLLM could not inspect {arch}")
     finally:
         platform_cls._enum = PlatformEnum.CUDA
 
@@ -399,8 +405,19 @@ def main() -> int:
     # a GPU. The write is only a cache: skip it.
     registry._LazyRegisteredModel._save_modelinfo_to_cache = lambda self, mi, module_hash: None
     _import_model_stack(platform_cls)
-    for case in cases:
-        print(json.dumps(_run_forked(case)), flush=True)
+    started = time.monotonic()
+    try:
+        for i, case in enumerate(cases, 1):
+            t0 = time.monotonic()
+            verdict = _run_forked(case)
+            verdict["seconds"] = round(time.monotonic() - t0, 2)
+            print(json.dumps(verdict), flush=True)
+            sys.stderr.write(
+                f"[engine-check] {i}/{len(cases)} {case['id']}: {'ok' if verdict['ok'] else 'REFUSED'} "
+                f"({verdict['seconds']:.1f}s, {time.monotonic() - started:.0f}s total)\n"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

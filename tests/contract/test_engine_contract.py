@@ -1,0 +1,152 @@
+"""Every engine pod the operator renders starts as far as the real vLLM 0.33 goes without a GPU.
+
+For each CR of the contract corpus (samples, topologies, an enum sweep) and for hypothesis-generated valid specs,
+the exact argv and environment of every engine pod (the start-rank wrapper run for real, pod 0 and pod k) go
+through vLLM's own `vllm serve` parser and serve checks, AsyncEngineArgs.from_cli_args and
+create_engine_config (tools/vllm-contract/harness/engine_check.py says what is stubbed). One venv process
+judges all pods, since importing vLLM is most of the cost.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.contract.conftest import check_engines
+from tests.contract.corpus import corpus
+from flashserve.accelerators import ACCELERATORS
+from flashserve.api.validation import parse_serving
+from tests.contract.pods import engine_pods
+
+LEVELS = ("parse", "serve", "args", "config")
+GENERATED = 30
+
+
+@st.composite
+def valid_specs(draw) -> dict:
+    acc = draw(st.sampled_from(sorted(ACCELERATORS)))
+    gpus = ACCELERATORS[acc].gpus_per_node
+    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if gpus % t == 0]))
+    nodes = draw(st.integers(1, 4))
+    ep = draw(st.booleans())
+    dp = gpus // tp * nodes
+    dbo = ep and dp > 1 and draw(st.booleans())
+    spec = {
+        "placement": {"accelerator": acc},
+        "parallelism": {"tensorParallelSize": tp, "nodesPerReplica": nodes, "expertParallel": ep,
+                        "dbo": {"enabled": dbo}, "eplb": {"enabled": ep and draw(st.booleans())}},
+        "engine": {
+            "maxModelLen": draw(st.one_of(st.integers(1024, 1 << 20), st.sampled_from(["32k", "auto", "1m", "64K"]))),
+            "prefixCaching": draw(st.booleans()),
+            "speculative": {"enabled": (not dbo) and draw(st.booleans()),
+                            "numSpeculativeTokens": draw(st.integers(1, 4))},
+            "asyncScheduling": draw(st.sampled_from([True, False, None])),
+            "maxNumSeqs": draw(st.sampled_from([64, 256, 1024])),
+        },
+        "autoscaling": {"sla": {"perUserTokensPerSecond": draw(st.floats(10, 1000))}},
+    }
+    if spec["engine"]["asyncScheduling"] is None:
+        del spec["engine"]["asyncScheduling"]
+    if ep and draw(st.booleans()):
+        spec["parallelism"]["all2allBackend"] = draw(st.sampled_from(["deepep_low_latency", "deepep_high_throughput"]))
+    return spec
+
+
+def _generated() -> list[dict]:
+    drawn: list[dict] = []
+
+    @settings(max_examples=GENERATED, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(valid_specs())
+    def collect(spec):
+        drawn.append(spec)
+
+    collect()
+    return drawn
+
+
+def _all_crs() -> dict[str, dict]:
+    crs = corpus()
+    for i, spec in enumerate(_generated()):
+        crs[f"generated-{i}"] = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+                                 "metadata": {"name": f"gen-{i}"}, "spec": spec}
+    return crs
+
+
+@pytest.fixture(scope="module")
+def verdicts(vllm_python):
+    crs = _all_crs()
+    cases, meta = [], {}
+    for name, cr in crs.items():
+        parse_serving(cr)  # the corpus holds only specs the API admits
+        pods = engine_pods(cr)
+        # pod 0 and the last pod of the group: the wrapper gives them different start ranks
+        for pod in {p["pod"]: p for p in (pods[0], pods[-1])}.values():
+            cid = f"{name}/pod-{pod['pod']}"
+            cases.append({"id": cid, "argv": pod["argv"], "env": pod["env"], "accelerator": pod["accelerator"]})
+            meta[cid] = (cr, pod)
+    out = check_engines(vllm_python, cases)
+    print(f"\ncontract: {len(crs)} CRs ({GENERATED} generated), {len(cases)} pods; "
+          + ", ".join(f"{lvl}: {sum(1 for v in out.values() if v['level'] in LEVELS[i:])}" for i, lvl in enumerate(LEVELS)))
+    return out, meta
+
+
+def test_corpus_covers_what_the_issue_names():
+    crs = corpus()
+    specs = [cr["spec"] for cr in crs.values()]
+    accs = {(s.get("placement") or {}).get("accelerator", "GB200") for s in specs}
+    nodes = {(s.get("parallelism") or {}).get("nodesPerReplica", 1) for s in specs}
+    assert accs == set(ACCELERATORS) and {1, 2, 3, 4} <= nodes and len(crs) >= 20
+    assert any((s.get("parallelism") or {}).get("dbo", {}).get("enabled") for s in specs)
+    assert any((s.get("engine") or {}).get("extraArgs") for s in specs)
+
+
+def test_every_rendered_pod_passes_all_three_levels(verdicts):
+    out, _ = verdicts
+    failed = {cid: v["error"] for cid, v in out.items() if not v["ok"]}
+    assert not failed, f"{len(failed)} of {len(out)} pods refused by vLLM:\n" + "\n".join(
+        f"  {cid}: {err[:600]}" for cid, err in sorted(failed.items()))
+
+
+def test_vllm_configures_what_the_spec_says(verdicts):
+    """The engine config vLLM built matches the fields, so no flag was silently ignored or overridden."""
+    out, meta = verdicts
+    for cid, v in out.items():
+        if not v["ok"]:
+            continue
+        cfg = v["config"]
+        spec = parse_serving(meta[cid][0]).spec
+        pod = meta[cid][1]
+        assert cfg["enable_expert_parallel"] == spec.parallelism.expert_parallel, cid
+        assert cfg["enable_prefix_caching"] == spec.engine.prefix_caching, cid
+        assert cfg["enable_eplb"] == spec.parallelism.eplb.enabled, cid
+        assert bool(cfg["enable_dbo"]) == spec.parallelism.dbo.enabled, cid
+        assert cfg["max_num_seqs"] == spec.engine.max_num_seqs, cid
+        assert cfg["tensor_parallel_size"] == spec.parallelism.tensor_parallel_size, cid
+        gpus = ACCELERATORS[spec.placement.accelerator].gpus_per_node
+        assert cfg["data_parallel_size"] == gpus // spec.parallelism.tensor_parallel_size * spec.parallelism.nodes_per_replica, cid
+        assert cfg["data_parallel_size_local"] == gpus // spec.parallelism.tensor_parallel_size, cid
+        if spec.parallelism.nodes_per_replica > 1:
+            assert cfg["data_parallel_rank"] == pod["pod"] * cfg["data_parallel_size_local"], cid
+        if spec.speculative_decoding():
+            assert cfg["speculative_method"] == "dspark", cid
+            assert cfg["num_speculative_tokens"] == spec.engine.speculative.num_speculative_tokens, cid
+        else:
+            assert cfg["speculative_method"] is None, cid
+        if spec.engine.async_scheduling is not None:
+            assert cfg["async_scheduling"] == spec.engine.async_scheduling, cid
+        if isinstance(spec.engine.max_model_len, int):
+            assert cfg["max_model_len"] == spec.engine.max_model_len, cid
+        assert cfg["served_model_name"] == spec.model.served_model_names[0], cid
+
+
+def test_stubs_are_only_native_extensions(verdicts):
+    """What the harness replaced is the compiled extensions that need libcuda, nothing of vLLM's Python."""
+    out, _ = verdicts
+    stubbed = {m for v in out.values() for m in v.get("stubbed_native_modules") or []}
+    assert stubbed, "no stub recorded: the harness did not run the config level"
+    assert all(m.startswith("vllm.") and m.rsplit(".", 1)[-1].startswith("_") for m in stubbed), sorted(stubbed)
+    print("\nstubbed native modules: " + json.dumps(sorted(stubbed)))
