@@ -21,13 +21,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from flashserve.api.validation import parse_spec
 from flashserve.bench.prom import bucket_quantile
-from flashserve.layout import layout
-from flashserve.vllm_args import vllm_args
 
 from ..engine.conftest import start_mock
 from .conftest import run_in_vllm
+from .pods import engine_pods
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -44,14 +42,20 @@ LINE = re.compile(r"^([^\s{]+)(?:\{(.*)\})? (\S+)$")
 PAIR = re.compile(r'([^=,]+)="((?:[^"\\]|\\.)*)"')
 
 
+def pod(name: str) -> dict:
+    """Pod 0 of the rendered serving: its exact argv after `vllm serve`, its environment, its accelerator."""
+    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": "flash"},
+          "spec": SPECS[name]}  # fmt: skip
+    return engine_pods(cr)[0]
+
+
 def argv(name: str) -> list[str]:
-    spec = parse_spec(SPECS[name])
-    return vllm_args(spec, layout(spec))
+    return pod(name)["argv"]
 
 
 def case(name: str, case_id: str, requests: list[list[float]]) -> dict:
-    accelerator = SPECS[name].get("placement", {}).get("accelerator", "GB200")
-    return {"id": case_id, "argv": argv(name), "accelerator": accelerator, "requests": requests}
+    p = pod(name)
+    return {"id": case_id, "argv": p["argv"], "env": p["env"], "accelerator": p["accelerator"], "requests": requests}
 
 
 def request_mix(seed: int = 7, n: int = 1200, engines: int = 4) -> list[list[float]]:

@@ -1,8 +1,8 @@
 """The `/metrics` exposition of the real vLLM 0.33 for a `vllm serve` command line.
 
 Run with the contract venv's python (tools/vllm-contract/install.sh). Reads a JSON list of cases on stdin,
-`{"id", "argv": [...], "accelerator": "GB200", "requests": [[engine, output_tokens, decode_seconds], ...]}`
-(argv: what follows `vllm serve` in the pod) and prints one JSON object mapping each id to `{"text",
+`{"id", "argv": [...], "env": {...}, "accelerator": "GB200", "requests": [[engine, output_tokens,
+decode_seconds], ...]}` (argv and env: what follows `vllm serve` in the pod, and the pod's environment) and prints one JSON object mapping each id to `{"text",
 "config"}`: what prometheus_client's `generate_latest` writes for vLLM's own `PrometheusStatLogger`, and the
 config the logger was built on. That is the VllmConfig engine_check.py's path produces for the argv (vLLM's
 parser, serve checks, AsyncEngineArgs and create_engine_config on the stubbed Blackwell platform), with the DP
@@ -86,7 +86,7 @@ def engine_config(case: dict):
 
     harness._summary = keep
     try:
-        verdict = harness._check({k: case[k] for k in ("id", "argv", "accelerator") if k in case})
+        verdict = harness._check({k: case[k] for k in ("id", "argv", "env", "accelerator") if k in case})
     finally:
         harness._summary = summary
     if not verdict["ok"]:
