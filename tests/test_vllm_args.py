@@ -11,9 +11,10 @@ import subprocess
 import pytest
 
 from flashserve.api.validation import parse_spec
+from flashserve.bench.prom import bucket_quantile
 from flashserve.layout import layout
-from flashserve.vllm_args import START_RANK_SCRIPT, command, engine_env, itl_buckets, vllm_args
-from flashserve.vllm_flags import DEFAULT_ITL_BUCKETS, lookup
+from flashserve.vllm_args import START_RANK_SCRIPT, command, engine_env, itl_buckets, ttft_buckets, vllm_args
+from flashserve.vllm_flags import DEFAULT_ITL_BUCKETS, DEFAULT_TTFT_BUCKETS, lookup
 
 WIDE_EP = {
     "parallelism": {"nodesPerReplica": 2, "all2allBackend": "deepep_low_latency", "dbo": {"enabled": True},
@@ -140,3 +141,29 @@ def test_start_rank_wrapper_refuses_a_bad_pod_index(tmp_path):
     env = {"PATH": os.environ["PATH"], "FLASHSERVE_POD_INDEX": "1;reboot", "FLASHSERVE_DP_LOCAL": "4"}
     out = subprocess.run([*command(lay), "x"], env=env, capture_output=True, text=True)
     assert out.returncode == 64 and "bad pod index" in out.stderr
+
+
+def _p90_of_steady(bounds: list[float], value: float) -> float:
+    """histogram_quantile(0.9) (Prometheus's interpolation) of a histogram whose observations all equal `value`."""
+    cumulative = [100.0 if value <= b else 0.0 for b in bounds] + [100.0]
+    return bucket_quantile(0.9, tuple(bounds), cumulative)
+
+
+def test_ttft_buckets_resolve_the_ttft_target():
+    # vLLM's defaults jump from 1.0 to 2.5 s: a steady 1.1 s TTFT would read p90 2.35 s, above a 2 s target.
+    assert _p90_of_steady(list(DEFAULT_TTFT_BUCKETS), 1.1) == pytest.approx(2.35)
+    s = parse_spec({"autoscaling": {"sla": {"ttftSeconds": 2}}})
+    args = vllm_args(s, layout(s))
+    buckets = json.loads(args[args.index("--custom-histogram-buckets") + 1])
+    ttft = buckets["time_to_first_token"]
+    assert ttft == ttft_buckets(2.0) and set(DEFAULT_TTFT_BUCKETS) <= set(ttft)
+    assert _p90_of_steady(ttft, 1.1) < 1.25
+    # within about 5% of the target either side: 1.9 s reads below it, 2.1 s above
+    assert _p90_of_steady(ttft, 1.9) <= 2.0 < _p90_of_steady(ttft, 2.1)
+    assert "inter_token_latency" in buckets
+
+
+def test_ttft_keeps_vllms_default_buckets_without_a_ttft_target():
+    s = parse_spec({})
+    args = vllm_args(s, layout(s))
+    assert "time_to_first_token" not in json.loads(args[args.index("--custom-histogram-buckets") + 1])

@@ -19,6 +19,7 @@ from flashserve.vllm_flags import (
     BY_DEST,
     BY_FLAG,
     DEFAULT_ITL_BUCKETS,
+    DEFAULT_TTFT_BUCKETS,
     VLLM_VERSION,
     Option,
     covered_by,
@@ -66,7 +67,7 @@ MANAGED_DESTS: dict[str, str] = {
     "headless": "every pod of a group serves the API",
     "api_server_count": "vLLM derives it from the group's data-parallel layout",
     "disable_log_stats": "the autoscaler reads the engine's Prometheus metrics",
-    "custom_histogram_buckets": "finer inter-token latency buckets around the SLA",
+    "custom_histogram_buckets": "finer inter-token latency and time-to-first-token buckets around the SLA",
     # parallelism and the group's wiring
     "tensor_parallel_size": "spec.parallelism.tensorParallelSize",
     "pipeline_parallel_size": "not supported: use more nodes per replica",
@@ -249,6 +250,19 @@ def extra_args_errors(args: Sequence[str]) -> list[tuple[int, str]]:
     return sorted(errors)
 
 
+# Multiples of an SLA latency that get a bucket bound: about +-5% near the target, coarser out to 0.25x and 4x.
+SLA_BUCKET_FACTORS: tuple[float, ...] = (
+    0.25, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 3.0, 4.0,
+)
+
+
+def _around(defaults: tuple[float, ...], targets: set[float]) -> list[float]:
+    bounds = set(defaults)
+    for target in targets:
+        bounds |= {round(target * f, 6) for f in SLA_BUCKET_FACTORS}
+    return sorted(b for b in bounds if b > 0)
+
+
 def itl_buckets(sla_tokens_per_second: float, tokens_per_step: float = 1.0) -> list[float]:
     """Inter-token-latency bucket bounds with fine resolution around the SLA's latency.
 
@@ -259,11 +273,17 @@ def itl_buckets(sla_tokens_per_second: float, tokens_per_step: float = 1.0) -> l
     output token), the autoscaler's SLA reading, whose value at the SLA is 1 / SLA. Bounds from 0.25x to 4x
     of both latencies (about +-5% near them) are merged with the defaults so dashboards keep working.
     """
-    factors = (0.25, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 3.0, 4.0)
-    bounds = set(DEFAULT_ITL_BUCKETS)
-    for target in {tokens_per_step / sla_tokens_per_second, 1.0 / sla_tokens_per_second}:
-        bounds |= {round(target * f, 6) for f in factors}
-    return sorted(b for b in bounds if b > 0)
+    return _around(DEFAULT_ITL_BUCKETS, {tokens_per_step / sla_tokens_per_second, 1.0 / sla_tokens_per_second})
+
+
+def ttft_buckets(ttft_seconds: float) -> list[float]:
+    """Time-to-first-token bucket bounds with fine resolution around `sla.ttftSeconds`.
+
+    vLLM's defaults have no bound between 1.0 and 2.5 s, and histogram_quantile interpolates linearly inside
+    a bucket: a steady 1.1 s TTFT reads as p90 2.35 s and breaches a 2 s target. Bounds from 0.25x to 4x of
+    the target (about +-5% near it) are merged with the defaults, as for the ITL.
+    """
+    return _around(DEFAULT_TTFT_BUCKETS, {ttft_seconds})
 
 
 def model_argument(spec: DeepSeekServingSpec) -> str:
@@ -334,6 +354,8 @@ def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None
     # Centre on the expected step latency: between one token per step (no draft accepted) and all accepted.
     drafts = eng.speculative.num_speculative_tokens if spec.speculative_decoding() else 0
     buckets = {"inter_token_latency": itl_buckets(spec.autoscaling.sla.per_user_tokens_per_second, 1 + 0.8 * drafts)}
+    if spec.autoscaling.sla.ttft_seconds is not None:
+        buckets["time_to_first_token"] = ttft_buckets(spec.autoscaling.sla.ttft_seconds)
     args += ["--custom-histogram-buckets", _json(buckets)]
     return args + list(eng.extra_args)
 

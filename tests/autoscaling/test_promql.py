@@ -19,7 +19,7 @@ def test_every_query_selects_the_serving_by_label():
         assert metrics, name
         for metric in metrics:
             # each vLLM series reference carries the namespace and serving matchers
-            assert re.search(re.escape(metric) + r'\{namespace="team-a",serving="flash"\}', query), (name, query)
+            assert re.search(re.escape(metric) + r'\{namespace="team-a",serving="flash"[,}]', query), (name, query)
 
 
 def test_label_values_are_escaped():
@@ -57,10 +57,14 @@ def test_the_slow_side_is_the_right_side():
 def test_sla_speed_reads_the_per_request_time_per_output_token(percentile, q):
     queries = Queries("team-a", "flash", percentile=percentile)
     tpot = 'vllm:request_time_per_output_token_seconds_bucket{namespace="team-a",serving="flash"}[60s]'
-    assert queries.tpot_at_percentile == f"histogram_quantile({q}, sum by (le) (rate({tpot})))"
-    assert queries.tpot_p50 == f"histogram_quantile(0.5, sum by (le) (rate({tpot})))"
+    # vLLM's zeros for requests with at most one output token, taken out of every bucket (promql docstring)
+    ones = 'sum(rate(vllm:request_generation_tokens_bucket{namespace="team-a",serving="flash",le="1.0"}[60s]))'
+    assert queries.one_token_requests_rate == ones
+    buckets = f"sum by (le) (rate({tpot})) - on() group_left() {ones}"
+    assert queries.tpot_at_percentile == f"histogram_quantile({q}, {buckets})"
+    assert queries.tpot_p50 == f"histogram_quantile(0.5, {buckets})"
     count = 'vllm:request_time_per_output_token_seconds_count{namespace="team-a",serving="flash"}[60s]'
-    assert queries.tpot_requests_rate == f"sum(rate({count}))"
+    assert queries.tpot_requests_rate == f"sum(rate({count})) - {ones}"
     assert {"tpot_at_percentile", "tpot_p50", "tpot_requests_rate"} <= set(queries.all())
 
 

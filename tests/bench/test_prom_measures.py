@@ -7,7 +7,7 @@ import math
 import pytest
 
 from flashserve.bench.measures import Recorder, need_at, oracle_gpu_hours, summarize, weighted_quantile
-from flashserve.bench.prom import bucket_quantile, extrapolated_rate
+from flashserve.bench.prom import Prometheus, Sample, bucket_quantile, extrapolated_rate
 
 
 def test_rate_of_a_steady_counter_is_its_slope():
@@ -39,6 +39,26 @@ def test_histogram_quantile_interpolates_inside_the_bucket():
     # in the +Inf bucket: the highest finite bound
     assert bucket_quantile(0.99, bounds, [10.0, 20.0, 30.0, 100.0]) == 0.05
     assert bucket_quantile(0.9, bounds, [0.0, 0.0, 0.0, 0.0]) is None
+
+
+def _sample(t: float, tpot: tuple[float, ...], count: float, one_token: float) -> Sample:
+    zeros = (0.0,) * 3
+    return Sample(t=t, running=0, waiting=0, kv=0, gen_tokens=0, itl_count=0, itl_sum=0, itl_buckets=zeros,
+                  ttft_count=0, ttft_sum=0, ttft_buckets=zeros, prompt_tokens=0, prompt_count=0,
+                  output_tokens_done=0, output_count=0, prefix_queries=0, prefix_hits=0, tpot_count=count,
+                  tpot_buckets=tpot, one_token_requests=one_token)  # fmt: skip
+
+
+def test_tpot_quantile_leaves_out_the_zeros_of_one_token_requests():
+    # per 15 s scrape: 30 one-token requests (TPOT 0, lowest bucket) and 70 that decoded: 35 in (5, 10] ms,
+    # 35 in (10, 20] ms. The median of those 70 is 10 ms; read with the zeros it is 7.1 ms.
+    prom = Prometheus(itl_bounds=(0.005, 0.01, 0.02), ttft_bounds=(1.0, 2.0, 3.0))
+    for k in range(5):
+        prom.ingest("e0", "pod", 0, 1.0, _sample(15.0 * k, (30.0 * k, 65.0 * k, 100.0 * k), 100.0 * k, 30.0 * k))
+    assert prom.histogram_quantile(0.5, 60.0, 60.0, "tpot") == pytest.approx(0.005 + 0.005 * 20 / 35)
+    assert prom.histogram_quantile(0.5, 60.0, 60.0, "tpot", "one_token_requests") == pytest.approx(0.01)
+    assert prom.histogram_quantile(0.9, 60.0, 60.0, "tpot", "one_token_requests") == pytest.approx(
+        0.01 + 0.01 * (63 - 35) / 35)
 
 
 def test_attainment_is_token_weighted_and_counts_unfinished_as_missed():
@@ -76,3 +96,15 @@ def test_oracle_on_minute_averages_ignores_blips():
     # a lasting rise is followed
     gpu_h, _ = oracle_gpu_hours(starts[:8] + [100.0] * 4, [400.0] * 12, 10.0, 4, 0.0, 300.0)
     assert gpu_h == pytest.approx((100.0 + 2 * 200.0) * 4 / 3600.0, rel=0.05)
+
+
+def test_policy_snapshot_reads_the_speed_of_the_requests_that_decoded():
+    from flashserve.bench.policies import snapshot
+
+    prom = Prometheus(itl_bounds=(0.005, 0.01, 0.02), ttft_bounds=(1.0, 2.0, 3.0))
+    for k in range(5):
+        prom.ingest("e0", "pod", 0, 1.0, _sample(15.0 * k, (30.0 * k, 65.0 * k, 100.0 * k), 100.0 * k, 30.0 * k))
+    snap, error = snapshot(prom, 60.0, 60.0, 90.0)
+    assert error is None and snap.speed_source == "requests"
+    assert snap.speed_p50 == pytest.approx(100.0)  # 1 / 10 ms, not 1 / 7.1 ms
+    assert snap.speed_at_percentile == pytest.approx(1.0 / (0.01 + 0.01 * 28 / 35))

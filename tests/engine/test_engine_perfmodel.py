@@ -9,6 +9,7 @@ import pytest
 from flashserve.engine import profile as profiles
 from flashserve.engine.curve import concurrency_at_speed, simulate
 from flashserve.engine.perfmodel import Engine, EngineConfig
+from flashserve.vllm_args import itl_buckets
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -283,3 +284,22 @@ def test_token_ids_share_their_common_prefix():
     run_all(eng)
     assert a.cached_tokens == 0
     assert b.cached_tokens == (5000 // 64) * 64  # the shared system prompt's full blocks
+
+
+def test_requests_without_a_decode_step_record_a_zero_time_per_output_token():
+    # vLLM 0.33 (v1/metrics/stats.py) observes every finished request's mean TPOT, 0 when it produced at most
+    # one token; the lowest TPOT bucket holds those zeros, and request_generation_tokens' le=1 bucket counts them.
+    fine = {"inter_token_latency": tuple(itl_buckets(100.0, 1.8))}  # as rendered: lowest bound 2.5 ms
+    eng = Engine(DEFAULT, seed=3, config=EngineConfig.from_profile(DEFAULT, buckets=fine))
+    one = [eng.add_request(f"one-{i}", 500, 1, 0.0) for i in range(5)]
+    long = [eng.add_request(f"long-{i}", 500, 60, 0.0) for i in range(7)]
+    gone = eng.add_request("aborted", 500, 60, 0.0)
+    eng.abort(gone, 0.0)  # still waiting: no token at all
+    eng.advance(60.0)
+    assert all(r.finished for r in one + long)
+    st = eng.stats
+    assert st.tpot.n == 13 and st.req_generation_tokens.n == 13
+    assert st.tpot.counts[0] == 6 == st.req_generation_tokens.counts[0]  # 5 one-token + 1 aborted: TPOT 0
+    decoded = [(r.last_token - r.first_token) / (r.emitted - 1) for r in long]
+    assert st.tpot.total == pytest.approx(sum(decoded))
+    assert min(decoded) > st.tpot.bounds[0]  # the long requests are not in the lowest bucket

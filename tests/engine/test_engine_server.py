@@ -161,15 +161,22 @@ def test_metrics_names_types_labels_and_buckets(mock_server):
     assert "vllm:gpu_cache_usage_perc" not in types and "vllm:time_per_output_token_seconds" not in types
 
     running = series(text, "vllm:num_requests_running")
-    assert sorted(running) == [f'{{model_name="dsv4",engine="{i}"}}' for i in range(4)]
+    # label names sorted within a series, as prometheus_client writes them
+    assert sorted(running) == [f'{{engine="{i}",model_name="dsv4"}}' for i in range(4)]
     gen = series(text, "vllm:generation_tokens_total")
     assert sum(gen.values()) == 6 * 20
     assert sum(series(text, "vllm:prompt_tokens_total").values()) == 6 * count_tokens("hello " * 50)
     ok = series(text, "vllm:request_success_total")
     assert sum(v for k, v in ok.items() if 'finished_reason="length"' in k) == 6
+    # vLLM pre-creates a child per FinishReason: every reason shows, at 0 until counted
+    reasons = {re.search(r'finished_reason="(\w+)"', k).group(1) for k in ok}
+    assert reasons == {"stop", "length", "abort", "error", "repetition"}
+    assert sum(v for k, v in ok.items() if 'finished_reason="repetition"' in k) == 0
+    # every request had 20 tokens: none in request_generation_tokens' le=1 bucket, so no zero TPOT
+    assert sum(v for k, v in series(text, "vllm:request_generation_tokens_bucket").items() if 'le="1.0"' in k) == 0
 
     def les(name):
-        return [m for m in re.findall(rf'^{name}_bucket{{model_name="dsv4",engine="0",le="([^"]+)"}}', text, re.M)]
+        return [m for m in re.findall(rf'^{name}_bucket{{engine="0",le="([^"]+)",model_name="dsv4"}}', text, re.M)]
 
     assert les("vllm:inter_token_latency_seconds") == ["0.005", "0.008", "0.01", "0.0125", "0.02", "+Inf"]
     assert les("vllm:request_time_per_output_token_seconds") == les("vllm:inter_token_latency_seconds")
@@ -192,7 +199,7 @@ def test_default_buckets_are_vllms(mock_server):
     _, text = srv.get("/metrics")
 
     def bounds(name):
-        les = re.findall(rf'^{name}_bucket{{model_name="{re.escape(MODEL)}",engine="0",le="([^"]+)"}}', text, re.M)
+        les = re.findall(rf'^{name}_bucket{{engine="0",le="([^"]+)",model_name="{re.escape(MODEL)}"}}', text, re.M)
         return [float(x) for x in les[:-1]]
 
     assert bounds("vllm:time_to_first_token_seconds") == list(DEFAULT_TTFT_BUCKETS)
@@ -206,7 +213,7 @@ def test_engine_label_follows_data_parallel_start_rank(mock_server):
     srv.wait_ready()
     _, text = srv.get("/metrics")
     assert sorted(series(text, "vllm:num_requests_waiting")) == [
-        f'{{model_name="{MODEL}",engine="{i}"}}' for i in range(4, 8)]
+        f'{{engine="{i}",model_name="{MODEL}"}}' for i in range(4, 8)]
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -14,6 +14,23 @@ fastest 10% and hide every breach. Each request counts once whatever its length 
 by tokens). TPOT shares the ITL buckets (vLLM's `inter_token_latency` bucket family), so the renderer's bounds
 must resolve 1/SLA as well as the step latency (vllm_args.itl_buckets).
 
+One-token requests. vLLM observes a TPOT of 0 for every finished request with at most one output token (no
+decode step: `mean_time_per_output_token` is 0 when `num_generation_tokens - 1 <= 0`, v1/metrics/stats.py),
+and those zeros land in the lowest TPOT bucket. Read naively, they pull every quantile down, i.e. the speed
+up: with 31% one-token requests the q0.9 is really the q0.855 of the requests that decoded, and the q0.5 their
+q0.275. Those requests have no per-user speed, so the reading leaves them out, exactly: the same finished
+requests are observed, in the same `record` call, by `vllm:request_generation_tokens`, whose lowest bound is 1
+(the `request_tokens` family, a 1-2-5 series), so its `le="1.0"` bucket counts precisely the requests that
+produced the zeros. That rate is subtracted from every cumulative TPOT bucket (the zeros sit in all of them,
++Inf included) before histogram_quantile, which then ranks only the requests with two or more output tokens;
+the request count behind the reading is corrected the same way. The alternative, a speed from
+`vllm:request_generation_tokens` over `vllm:request_decode_time_seconds`, is not a quantile over requests:
+those are two separate histograms, and the quantile of a per-request ratio cannot be recovered from their
+marginals (only the ratio of their sums, a token-weighted mean, which the counter reading already gives). The
+subtraction leaves the TPOT buckets' own resolution as the only error. Right after an engine starts,
+Prometheus's rate extrapolation can differ slightly between the two series; histogram_quantile's monotonicity
+fix absorbs it.
+
 The per-step ITL reading below is the fallback when no request finished in the window (metrics.assemble).
 It is not the users' speed: vLLM observes `vllm:inter_token_latency_seconds` once per engine step per
 decoding request, however many tokens the step produced, and on agentic traffic the steps that carry a new
@@ -31,6 +48,10 @@ from dataclasses import dataclass
 ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
+GENERATION_TOKENS_PER_REQUEST = "vllm:request_generation_tokens"
+# The lowest bound of vLLM's `request_tokens` bucket family as prometheus_client writes it (and Prometheus 3
+# normalises `le` to): the bucket of the finished requests with at most one output token.
+ONE_TOKEN_LE = "1.0"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -75,22 +96,36 @@ class Queries:
         return f"histogram_quantile({q:g}, sum by (le) (rate({metric}_bucket{{{self.sel}}}[{self.w}])))"
 
     @property
+    def one_token_requests_rate(self) -> str:
+        """Requests finished per second with at most one output token: each left a TPOT observation of 0."""
+        return (
+            f'sum(rate({GENERATION_TOKENS_PER_REQUEST}_bucket{{{self.sel},le="{ONE_TOKEN_LE}"}}[{self.w}]))'
+        )
+
+    def _tpot_quantile(self, q: float) -> str:
+        # `on() group_left()`: the one-sample right side is subtracted from every le bucket of the left side.
+        buckets = f"sum by (le) (rate({TPOT}_bucket{{{self.sel}}}[{self.w}]))"
+        return f"histogram_quantile({q:g}, {buckets} - on() group_left() {self.one_token_requests_rate})"
+
+    @property
     def tpot_at_percentile(self) -> str:
         """Time per output token (seconds, one observation per finished request) that `percentile`% of the
-        requests finished in the window stayed within: per-user speed at the SLA percentile = 1 / this. No
-        result (NaN) when no request finished in the window."""
-        return self._quantile(TPOT, self.percentile / 100.0)
+        requests finished in the window with two or more output tokens stayed within: per-user speed at the
+        SLA percentile = 1 / this. The zeros vLLM records for one-token requests are taken out (module
+        docstring). No result (NaN) when no such request finished in the window."""
+        return self._tpot_quantile(self.percentile / 100.0)
 
     @property
     def tpot_requests_rate(self) -> str:
-        """TPOT observations per second: requests finished (with at least two output tokens); times the
-        window, how many the TPOT quantiles rest on."""
-        return f"sum(rate({TPOT}_count{{{self.sel}}}[{self.w}]))"
+        """Requests finished per second with at least two output tokens (TPOT observations less the one-token
+        requests' zeros); times the window, how many the TPOT quantiles rest on."""
+        return f"sum(rate({TPOT}_count{{{self.sel}}}[{self.w}])) - {self.one_token_requests_rate}"
 
     @property
     def tpot_p50(self) -> str:
-        """Median time per output token over the requests finished in the window; median speed = 1 / this."""
-        return self._quantile(TPOT, 0.5)
+        """Median time per output token over the requests finished in the window with two or more output
+        tokens; median speed = 1 / this."""
+        return self._tpot_quantile(0.5)
 
     @property
     def itl_at_percentile(self) -> str:

@@ -159,6 +159,7 @@ def load_test(profile: Profile, concurrency: int, sla: float, duration_s: float,
     kv = waiting = running = 0.0
     n_kv = 0
     base = None
+    one_token0 = 0
     gen0 = None
     t = 0.0
     st = eng.stats
@@ -171,6 +172,7 @@ def load_test(profile: Profile, concurrency: int, sla: float, duration_s: float,
         t = nxt
         if base is None and t >= warmup_s:
             base = {h: (list(getattr(st, h).counts), getattr(st, h).total) for h in ("itl", "tpot", "ttft")}
+            one_token0 = st.req_generation_tokens.counts[0]
             gen0 = (eng.generation_tokens(), t)
             prefix0 = (st.prefix_queries, st.prefix_hits)
         finished_now = eng.advance(t)
@@ -208,6 +210,12 @@ def load_test(profile: Profile, concurrency: int, sla: float, duration_s: float,
         hist = getattr(st, h)
         counts0, total0 = base[h] if base else ([0] * len(hist.counts), 0.0)
         delta[h] = (tuple(float(b - a) for a, b in zip(counts0, hist.counts)), hist.total - total0)
+    # The zeros vLLM records for one-token requests sit in the lowest TPOT bucket; the autoscaler's reading
+    # takes them out (promql.Queries.tpot_at_percentile), so the fluid model's TPOT mixture leaves them out too.
+    one_token = st.req_generation_tokens.counts[0] - one_token0
+    tpot_counts = list(delta["tpot"][0])
+    tpot_counts[0] -= one_token
+    delta["tpot"] = (tuple(tpot_counts), delta["tpot"][1])
     cum, acc = [], 0.0
     for c in delta["itl"][0]:
         acc += c

@@ -46,9 +46,12 @@ def snapshot(prom: Prometheus, now: float, window_s: float, percentile: float) -
         "generation_tokens_rate": prom.rate_sum(now, window_s, "gen_tokens"),
         "itl_steps_rate": prom.rate_sum(now, window_s, "itl_count"),
         "first_tokens_rate": prom.rate_sum(now, window_s, "ttft_count"),
-        "tpot_requests_rate": prom.rate_sum(now, window_s, "tpot_count"),
-        "tpot_at_percentile": prom.histogram_quantile(percentile / 100.0, now, window_s, "tpot"),
-        "tpot_p50": prom.histogram_quantile(0.5, now, window_s, "tpot"),
+        "tpot_requests_rate": _less(prom.rate_sum(now, window_s, "tpot_count"),
+                                    prom.rate_sum(now, window_s, "one_token_requests")),
+        "tpot_at_percentile": prom.histogram_quantile(
+            percentile / 100.0, now, window_s, "tpot", "one_token_requests"
+        ),
+        "tpot_p50": prom.histogram_quantile(0.5, now, window_s, "tpot", "one_token_requests"),
         "itl_at_percentile": prom.histogram_quantile(percentile / 100.0, now, window_s, "itl"),
         "itl_p50": prom.histogram_quantile(0.5, now, window_s, "itl"),
         "kv_usage_avg": sum(kv.values()) / len(kv) if kv else None,
@@ -57,6 +60,11 @@ def snapshot(prom: Prometheus, now: float, window_s: float, percentile: float) -
         "replicas_reporting": float(len({s.group for s in prom.live(now)})),
     }
     return assemble(values, now, window_s, percentile), None
+
+
+def _less(a: float | None, b: float | None) -> float | None:
+    """PromQL's `a - b` of two one-sample vectors: no sample unless both have one."""
+    return None if a is None or b is None else a - b
 
 
 def _sum(d: dict[str, float]) -> float | None:

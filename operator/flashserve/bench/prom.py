@@ -44,6 +44,9 @@ class Sample:
     tpot_count: float = 0.0
     """vllm:request_time_per_output_token_seconds: one observation per finished request, on the ITL bounds."""
     tpot_buckets: tuple[float, ...] = ()
+    one_token_requests: float = 0.0
+    """vllm:request_generation_tokens_bucket{le="1.0"}: finished requests with at most one output token, whose
+    TPOT observation is 0 (promql.Queries.one_token_requests_rate)."""
 
 
 class Series:
@@ -189,11 +192,20 @@ class Prometheus:
             total = rates if total is None else [a + b for a, b in zip(total, rates)]
         return total
 
-    def histogram_quantile(self, q: float, now: float, window_s: float, which: str = "itl") -> float | None:
+    def histogram_quantile(
+        self, q: float, now: float, window_s: float, which: str = "itl", minus: str | None = None
+    ) -> float | None:
+        """histogram_quantile(q, sum by (le) (rate(x_bucket[w]))), less `- on() group_left() sum(rate(minus[w]))`
+        in every bucket when `minus` names a counter field (the zeros of one-token requests in TPOT)."""
         bounds = self.ttft_bounds if which == "ttft" else self.itl_bounds  # TPOT shares the ITL buckets
         rates = self.bucket_rates(now, window_s, f"{which}_buckets", f"{which}_count")
         if rates is None:
             return None
+        if minus is not None:
+            less = self.rate_sum(now, window_s, minus)
+            if less is None:
+                return None
+            rates = [r - less for r in rates]
         return bucket_quantile(q, bounds, rates)
 
 

@@ -260,6 +260,7 @@ class Simulation:
                 prompt_count=st.req_prompt_tokens.n, output_tokens_done=st.req_generation_tokens.total,
                 output_count=st.req_generation_tokens.n, prefix_queries=st.prefix_queries,
                 prefix_hits=st.prefix_hits, tpot_count=tpot.n, tpot_buckets=tuple(accumulate(tpot.counts[:-1])),
+                one_token_requests=st.req_generation_tokens.counts[0],
             ))  # fmt: skip
         self.prom.forget_old(now)
         if self.step_base is None and now >= self.off:

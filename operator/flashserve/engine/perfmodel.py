@@ -699,8 +699,8 @@ class Engine:
         s.prefill.observe(first - sched)
         s.decode.observe(max(0.0, last - first))
         s.inference.observe(max(0.0, last - sched))
-        if req.emitted > 1:
-            s.tpot.observe(max(0.0, last - first) / (req.emitted - 1))
+        # vLLM observes every finished request, with 0 when there was no decode step (at most one token).
+        s.tpot.observe(max(0.0, last - first) / (req.emitted - 1) if req.emitted > 1 else 0.0)
         s.req_prompt_tokens.observe(req.prompt_len)
         s.req_generation_tokens.observe(req.emitted)
         s.req_max_generation_tokens.observe(req.emitted)

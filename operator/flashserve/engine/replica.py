@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from flashserve.engine import metrics as prom
 from flashserve.engine.args import ServeArgs
 from flashserve.engine.perfmodel import Engine, EngineConfig, Request
 from flashserve.engine.profile import Profile
@@ -135,6 +136,16 @@ class MockReplica:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.t0 = 0.0
         self.streams = 0
+
+    def cache_info(self) -> dict[str, str]:
+        """The labels of `vllm:cache_config_info`, from this replica's command line and engine config."""
+        util = self.args.gpu_memory_utilization
+        return prom.cache_config_info(
+            self.engines,
+            kv_cache_dtype=str(self.args.raw.get("--kv-cache-dtype", "auto")),
+            gpu_memory_utilization=self.profile.gpu_memory_utilization if util is None else util,
+            block_size_given=self.args.block_size is not None,
+        )
 
     # ------------------------------------------------------------------ clock and driver
     def vnow(self) -> float:

@@ -64,7 +64,7 @@ class API:
         if not self.m.ready:
             return _not_ready()
         self.m.sync()
-        text = prom.render(self.m.engines, self.m.args.model_name)
+        text = prom.render(self.m.engines, self.m.args.model_name, self.m.cache_info())
         return web.Response(body=text.encode(), headers={"Content-Type": prom.CONTENT_TYPE})
 
     async def models(self, request: web.Request) -> web.Response:

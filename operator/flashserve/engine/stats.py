@@ -126,7 +126,8 @@ class Histogram:
 class EngineStats:
     """Everything /metrics shows for one engine, besides the live gauges the engine computes on demand."""
 
-    FINISH_REASONS = ("stop", "length", "abort", "error")
+    # vLLM 0.33's FinishReason values, in its order: the logger creates a request_success child for each.
+    FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
     def __init__(self, buckets: dict[str, tuple[float, ...]]) -> None:
         b = buckets

@@ -1,0 +1,209 @@
+"""The `/metrics` exposition of the real vLLM 0.33 for a `vllm serve` command line.
+
+Run with the contract venv's python (tools/vllm-contract/install.sh). Reads a JSON list of cases on stdin,
+`{"id", "argv": [...], "env": {...}, "accelerator": "GB200", "requests": [[engine, output_tokens,
+decode_seconds], ...]}` (argv and env: what follows `vllm serve` in the pod, and the pod's environment) and prints one JSON object mapping each id to `{"text",
+"config"}`: what prometheus_client's `generate_latest` writes for vLLM's own `PrometheusStatLogger`, and the
+config the logger was built on. That is the VllmConfig engine_check.py's path produces for the argv (vLLM's
+parser, serve checks, AsyncEngineArgs and create_engine_config on the stubbed Blackwell platform), with the DP
+ranks one API server manages (core_client's `engine_ranks_managed`) as engine indexes: `config` "engine".
+Where vLLM refuses that engine config, minimal_config stands in and `config` says why. Recorded through the
+logger's API:
+
+  * `log_engine_initialized` (the server does it at start-up: `vllm:cache_config_info`);
+  * one SchedulerStats per engine (the gauges and prefix-cache counters);
+  * per request, vLLM's own `IterationStats.update_from_finished_request` on a `RequestStateStats` with that
+    many output tokens and that decode time (so `mean_time_per_output_token`, 0 for a request with at most
+    one token, is vLLM's computation), a TTFT and ITL observation, then `record` for that engine.
+
+Each case runs in a forked child, as in engine_check.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import engine_check as harness  # noqa: E402
+
+
+def minimal_config(argv: list[str]):
+    """The smallest config the logger accepts, from vLLM's own parse of the argv, for an argv whose engine
+    config vLLM refuses (engine_check's verdict says why; the engine contract tests own that): vLLM's
+    ObservabilityConfig (which validates `--custom-histogram-buckets`) and CacheConfig, the served model name
+    as ModelConfig resolves it, the max model length, `num_speculative_tokens` (all the logger reads of the
+    speculative config), no connector, LoRA or watermark; every DP rank managed."""
+    import types
+
+    from vllm.config import CacheConfig, ObservabilityConfig
+    from vllm.config.model import get_served_model_name
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv)
+    cache = dict(gpu_memory_utilization=args.gpu_memory_utilization, cache_dtype=args.kv_cache_dtype)
+    if args.block_size is not None:
+        cache["block_size"] = args.block_size
+    if args.enable_prefix_caching is not None:
+        cache["enable_prefix_caching"] = bool(args.enable_prefix_caching)
+    spec = args.speculative_config
+    pc = types.SimpleNamespace(
+        data_parallel_rank_local=None, data_parallel_index=0, local_engines_only=False,
+        data_parallel_size=args.data_parallel_size or 1, data_parallel_size_local=args.data_parallel_size or 1,
+    )  # fmt: skip
+    return types.SimpleNamespace(
+        observability_config=ObservabilityConfig(custom_histogram_buckets=args.custom_histogram_buckets),
+        cache_config=CacheConfig(**cache),
+        model_config=types.SimpleNamespace(
+            served_model_name=get_served_model_name(args.model_tag or args.model, args.served_model_name),
+            max_model_len=args.max_model_len,
+            is_diffusion=False,
+        ),
+        speculative_config=(
+            types.SimpleNamespace(num_speculative_tokens=int(spec.get("num_speculative_tokens", 1))) if spec else None
+        ),
+        parallel_config=pc,
+        kv_transfer_config=None,
+        ec_transfer_config=None,
+        watermark_config=None,
+        lora_config=None,
+    )
+
+
+def engine_config(case: dict):
+    """The VllmConfig of engine_check's `config` level for the case (raises with its verdict otherwise)."""
+    captured = {}
+    summary = harness._summary
+
+    def keep(vc):
+        captured["vc"] = vc
+        return summary(vc)
+
+    harness._summary = keep
+    try:
+        verdict = harness._check({k: case[k] for k in ("id", "argv", "env", "accelerator") if k in case})
+    finally:
+        harness._summary = summary
+    if not verdict["ok"]:
+        raise RuntimeError(f"vLLM refused the argv at {verdict['level']}: {verdict['error']}")
+    return captured["vc"]
+
+
+def managed_ranks(vc) -> list[int]:
+    """core_client: internal LB manages every DP rank, hybrid/external LB the local ones from the start rank."""
+    pc = vc.parallel_config
+    if pc.data_parallel_rank_local is not None:
+        return [pc.data_parallel_index]
+    count = pc.data_parallel_size_local if pc.local_engines_only else pc.data_parallel_size
+    return list(range(pc.data_parallel_index, pc.data_parallel_index + count))
+
+
+def exposition(case: dict) -> tuple[str, str]:
+    """The exposition text, and which config it was built on: "engine" (vLLM's create_engine_config) or
+    "minimal (why vLLM refused the engine config)"."""
+    from prometheus_client import REGISTRY, generate_latest
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    from vllm.v1.metrics.stats import IterationStats, RequestStateStats, SchedulerStats
+
+    try:
+        vc, source = engine_config(case), "engine"
+    except RuntimeError as refused:
+        vc, source = minimal_config(case["argv"]), f"minimal ({refused})"
+    engines = managed_ranks(vc)
+    logger = PrometheusStatLogger(vc, engines)  # unregisters any earlier vllm: collectors first
+    logger.log_engine_initialized()
+    for idx in engines:
+        logger.record(SchedulerStats(num_running_reqs=1, kv_cache_usage=0.1), None, engine_idx=idx)
+    t0 = 1000.0
+    for n, (idx, tokens, decode_s) in enumerate(case.get("requests", [])):
+        stats = IterationStats()
+        stats.iteration_timestamp = t0 + 0.5 + decode_s
+        req = RequestStateStats(
+            num_generation_tokens=tokens,
+            arrival_time=t0,
+            queued_ts=t0 + 0.01,
+            scheduled_ts=t0 + 0.02,
+            first_token_ts=t0 + 0.5,
+            last_token_ts=t0 + 0.5 + decode_s,
+        )
+        stats.time_to_first_tokens_iter.append(0.5)
+        stats.num_generation_tokens = tokens
+        if tokens > 1:
+            stats.inter_token_latencies_iter.append(decode_s / (tokens - 1))
+        stats.update_from_finished_request(FinishReason.STOP, f"req-{n}", 100, tokens, req)
+        assert idx in engines, f"request on engine {idx}, but this API server manages {engines}"
+        logger.record(None, stats, engine_idx=idx)
+    return generate_latest(REGISTRY).decode(), source
+
+
+def _forked(case: dict) -> dict:
+    """{"text": ...} or {"error": ...}; vLLM's logging (it writes to stdout) goes to a file, printed on error."""
+    r, w = os.pipe()
+    log = Path(tempfile.mkstemp(prefix="vllm-metrics-")[1])
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        fd = os.open(log, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        try:
+            text, source = exposition(case)
+            out = {"text": text, "config": source}
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the case
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        with os.fdopen(w, "w") as f:
+            json.dump(out, f)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    tail = log.read_text(errors="replace")[-3000:]
+    log.unlink(missing_ok=True)
+    if not data:
+        return {"error": f"child died: {tail}"}
+    out = json.loads(data)
+    if "error" in out:
+        out["error"] += f"\n{tail}"
+    return out
+
+
+def prepare() -> None:
+    """engine_check.main's set-up, before any case: offline Hugging Face cache, stubbed native modules and
+    platform, the heavy imports once (each forked child then starts at once)."""
+    work = tempfile.mkdtemp(prefix="vllm-contract-")
+    os.environ["FLASHSERVE_CONTRACT_WORK"] = work
+    os.environ.update({"HF_HOME": os.path.join(work, "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    harness._stub_native_modules()
+    platform_cls = harness._install_platform()
+    import vllm.engine.arg_utils  # noqa: F401
+    import vllm.entrypoints.cli.serve  # noqa: F401
+    import vllm.v1.metrics.loggers  # noqa: F401
+    from vllm.model_executor.models import registry
+
+    registry._LazyRegisteredModel._save_modelinfo_to_cache = lambda self, mi, module_hash: None
+    harness._import_model_stack(platform_cls)
+
+
+def main() -> int:
+    cases = json.load(sys.stdin)
+    prepare()
+    results = {case["id"]: _forked(case) for case in cases}
+    errors = {k: v["error"] for k, v in results.items() if "error" in v}
+    if errors:
+        for k, v in errors.items():
+            print(f"{k}: {v}", file=sys.stderr)
+        return 1
+    json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
