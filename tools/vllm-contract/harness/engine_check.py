@@ -352,43 +352,56 @@ def _summary(vc) -> dict:
     return json.loads(json.dumps(out, default=str))
 
 
-def _run_forked(case: dict) -> dict:
+def fork_call(fn, arg) -> tuple[str | None, str]:
+    """Run `fn(arg)` in a forked child: its JSON result (None if the child died) and what it logged. vLLM
+    logs to stdout, so the child's stdout and stderr go to a file and the result comes through a pipe."""
     global _STDERR_FILE
     r, w = os.pipe()
-    err_path = Path(tempfile.mkstemp(prefix="vllm-contract-stderr-")[1])
+    log = Path(tempfile.mkstemp(prefix="vllm-contract-log-")[1])
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        fd = os.open(err_path, os.O_WRONLY | os.O_TRUNC)
+        fd = os.open(log, os.O_WRONLY | os.O_TRUNC)
         os.dup2(fd, 2)
-        os.dup2(fd, 1)  # vLLM logs to stdout; the verdict goes through the pipe
-        _STDERR_FILE = err_path
+        os.dup2(fd, 1)
+        _STDERR_FILE = log
         try:
-            out = json.dumps(_check(case)).encode()
-        except BaseException as exc:  # noqa: BLE001
-            out = json.dumps({"id": case.get("id"), "ok": False, "level": None, "error": f"harness: {exc!r}"}).encode()
-        with os.fdopen(w, "wb") as f:
+            out = json.dumps(fn(arg))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the case
+            out = json.dumps({"error": f"harness: {type(exc).__name__}: {exc}"})
+        with os.fdopen(w, "w") as f:
             f.write(out)
         os._exit(0)
     os.close(w)
-    with os.fdopen(r, "rb") as f:
+    with os.fdopen(r) as f:
         data = f.read()
     os.waitpid(pid, 0)
-    if not data:
-        tail = err_path.read_text(errors="replace")[-2000:]
-        return {"id": case.get("id"), "ok": False, "level": None, "error": f"harness: child died: {tail}"}
+    text = log.read_text(errors="replace")
+    log.unlink(missing_ok=True)
+    return (data or None), text
+
+
+def _run_forked(case: dict) -> dict:
+    data, log = fork_call(_check, case)
+    if data is None:
+        return {"id": case.get("id"), "ok": False, "level": None, "error": f"harness: child died: {log[-2000:]}"}
     if os.environ.get("FLASHSERVE_CONTRACT_STDERR"):
-        sys.stderr.write(err_path.read_text(errors="replace"))
-    err_path.unlink(missing_ok=True)
-    return json.loads(data)
+        sys.stderr.write(log)
+    verdict = json.loads(data)
+    verdict.setdefault("id", case.get("id"))
+    verdict.setdefault("ok", False)
+    verdict.setdefault("level", None)
+    return verdict
 
 
 # Set for the whole run, before vLLM and huggingface_hub are imported.
 OFFLINE_ENV = ("HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
-def main() -> int:
-    cases = json.load(sys.stdin)
+def prepare() -> str:
+    """Set-up before any case, shared by the harness scripts: an offline Hugging Face cache, the stubbed native
+    modules and platform, and the heavy imports once (each forked child then starts at once). Returns the
+    work directory, to remove at the end."""
     work = tempfile.mkdtemp(prefix="vllm-contract-")
     os.environ["FLASHSERVE_CONTRACT_WORK"] = work
     os.environ.update({"HF_HOME": os.path.join(work, "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -398,11 +411,16 @@ def main() -> int:
     os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(sys.prefix, "vllm-cache"))
     _stub_native_modules()
     platform_cls = _install_platform()
-    # The heavy imports once, before forking: each child then starts in milliseconds. The platform is not
-    # resolved here (a child installs its own before anything reads it).
     import vllm.engine.arg_utils  # noqa: F401
     import vllm.entrypoints.cli.serve  # noqa: F401
+    import vllm.v1.metrics.loggers  # noqa: F401
     _import_model_stack(platform_cls)
+    return work
+
+
+def main() -> int:
+    cases = json.load(sys.stdin)
+    work = prepare()
     started = time.monotonic()
     try:
         for i, case in enumerate(cases, 1):

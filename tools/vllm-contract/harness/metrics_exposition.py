@@ -22,9 +22,8 @@ Each case runs in a forked child, as in engine_check.py.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -143,59 +142,28 @@ def exposition(case: dict) -> tuple[str, str]:
 
 
 def _forked(case: dict) -> dict:
-    """{"text": ...} or {"error": ...}; vLLM's logging (it writes to stdout) goes to a file, printed on error."""
-    r, w = os.pipe()
-    log = Path(tempfile.mkstemp(prefix="vllm-metrics-")[1])
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        fd = os.open(log, os.O_WRONLY | os.O_TRUNC)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        try:
-            text, source = exposition(case)
-            out = {"text": text, "config": source}
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the case
-            out = {"error": f"{type(exc).__name__}: {exc}"}
-        with os.fdopen(w, "w") as f:
-            json.dump(out, f)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    tail = log.read_text(errors="replace")[-3000:]
-    log.unlink(missing_ok=True)
-    if not data:
-        return {"error": f"child died: {tail}"}
+    """{"text": ...} or {"error": ...}, from a forked child (engine_check.fork_call)."""
+
+    def run(c):
+        text, source = exposition(c)
+        return {"text": text, "config": source}
+
+    data, log = harness.fork_call(run, case)
+    if data is None:
+        return {"error": f"child died: {log[-3000:]}"}
     out = json.loads(data)
     if "error" in out:
-        out["error"] += f"\n{tail}"
+        out["error"] += f"\n{log[-3000:]}"
     return out
-
-
-def prepare() -> None:
-    """engine_check.main's set-up, before any case: offline Hugging Face cache, stubbed native modules and
-    platform, the heavy imports once (each forked child then starts at once)."""
-    work = tempfile.mkdtemp(prefix="vllm-contract-")
-    os.environ["FLASHSERVE_CONTRACT_WORK"] = work
-    os.environ.update({"HF_HOME": os.path.join(work, "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    harness._stub_native_modules()
-    platform_cls = harness._install_platform()
-    import vllm.engine.arg_utils  # noqa: F401
-    import vllm.entrypoints.cli.serve  # noqa: F401
-    import vllm.v1.metrics.loggers  # noqa: F401
-    from vllm.model_executor.models import registry
-
-    registry._LazyRegisteredModel._save_modelinfo_to_cache = lambda self, mi, module_hash: None
-    harness._import_model_stack(platform_cls)
 
 
 def main() -> int:
     cases = json.load(sys.stdin)
-    prepare()
-    results = {case["id"]: _forked(case) for case in cases}
+    work = harness.prepare()
+    try:
+        results = {case["id"]: _forked(case) for case in cases}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     errors = {k: v["error"] for k, v in results.items() if "error" in v}
     if errors:
         for k, v in errors.items():
