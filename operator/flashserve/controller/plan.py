@@ -20,7 +20,6 @@ reconciler runs it in a worker thread so that the event loop never waits on it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from flashserve.api.v1alpha1 import DeepSeekServing
@@ -204,12 +203,6 @@ def _compute_domains_of_rendered(sts: dict) -> list[str]:
             if c.get("resourceClaimTemplateName", "").endswith(CHANNEL_SUFFIX)]  # fmt: skip
 
 
-def _own_copy(obj: dict) -> dict:
-    """A write gets its own copy: the cache's object is shared with later plans. (JSON round trip: the
-    objects hold only JSON values, and it is several times faster than copy.deepcopy.)"""
-    return json.loads(json.dumps(obj))
-
-
 def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
          cache: RenderCache | None = None) -> Plan:
     cache = CACHE if cache is None else cache
@@ -281,7 +274,7 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
         for o in objs:
             live = _live(observed, o)
             if _needs_apply(o, live):
-                out.apply.append(_own_copy(o))
+                out.apply.append(o)
                 if live is not None and g.index not in out.rolling:
                     out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
     out.groups = states
@@ -289,7 +282,7 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
     for o in cache.shared(obj, digest):
         live = _live(observed, o)
         if _needs_apply(o, live):
-            out.apply.append(_own_copy(o))
+            out.apply.append(o)
             if live is not None:
                 out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
 
