@@ -314,7 +314,8 @@ def table(result: dict) -> str:
     lines = [f"one serving of {result['groups']} groups + {result['small']} of one group; median of "
              f"{result.get('runs', 1)} run(s); seconds; lease: ok, late (not renewed within the "
              f"{RENEW_DEADLINE_S:.0f} s renew deadline) or lost (unchanged for the {LEASE_DURATION_S:.0f} s lease "
-             "duration: a standby takes it)", "phase   " + "".join(f"{h:>12}" for _, h in cols) + "       lease"]  # fmt: skip
+             "duration: a standby takes it)",
+             "phase   " + "".join(f"{h:>12}" for _, h in cols) + f"{'lease':>12}"]  # fmt: skip
     for phase, f in result["phases"].items():
         gap = f["lease_gap_max_s"]
         lease = "lost" if gap > LEASE_DURATION_S else "late" if gap > RENEW_DEADLINE_S else "ok"
