@@ -141,3 +141,16 @@ def test_every_free_string_has_a_max_length():
     schema = generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert _unbounded_strings(schema["properties"]["spec"], "spec") == []
     assert _unbounded_strings(schema["properties"]["status"], "status") == []
+
+
+def test_the_api_server_holds_servings_to_the_group_ceiling():
+    from flashserve.api.v1alpha1 import MAX_GROUPS
+
+    spec = generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    autoscaling = spec["properties"]["autoscaling"]
+    assert spec["properties"]["replicas"]["maximum"] == MAX_GROUPS
+    assert autoscaling["properties"]["maxReplicas"]["maximum"] == MAX_GROUPS
+    by_path = {r["fieldPath"]: r["rule"] for r in spec["x-kubernetes-validations"]}
+    assert by_path[".replicas"] == f"self.replicas <= {MAX_GROUPS}"
+    by_path = {r["fieldPath"]: r["rule"] for r in autoscaling["x-kubernetes-validations"]}
+    assert by_path[".maxReplicas"] == f"self.maxReplicas <= {MAX_GROUPS}"

@@ -39,6 +39,15 @@ def test_yaml_breaking_values_arrive_intact():
     assert {"name": "NOTE", "value": nasty} in c["env"]
 
 
+def test_characters_beyond_the_basic_plane_arrive_intact():
+    """JSON escapes them as surrogate pairs, which libyaml's fast parser refuses."""
+    astral = "\U00010000 \U0001F680 \\ud83d\\ude80 \\\U0001F680"  # and text that only looks like an escape
+    objs = render(cr({"engine": {"extraArgs": ["--response-role", astral], "env": [{"name": "NOTE", "value": astral}]}}))
+    c = pod(objs)["containers"][0]
+    assert c["args"][-1] == astral
+    assert {"name": "NOTE", "value": astral} in c["env"]
+
+
 def test_pod_essentials():
     objs = render(cr({}))
     p = pod(objs)

@@ -100,3 +100,16 @@ def test_valid_cr_parses():
 def test_a_hub_token_in_env_points_to_the_token_secret_ref(name, source):
     errs = errors_of({"engine": {"env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": name, **source}]}})
     assert "spec.model.source.huggingFace.tokenSecretRef" in errs["spec.engine.env[1].name"], errs
+
+
+@pytest.mark.parametrize("spec, path", [
+    ({"replicas": 257}, "spec.replicas"),
+    ({"autoscaling": {"enabled": True, "maxReplicas": 257}}, "spec.autoscaling.maxReplicas"),
+])  # fmt: skip
+def test_one_serving_holds_at_most_the_group_ceiling(spec, path):
+    from flashserve.api.v1alpha1 import MAX_GROUPS
+
+    assert MAX_GROUPS == 256
+    assert "256" in errors_of(spec)[path]
+    at_ceiling = {k: ({**v, "maxReplicas": 256} if isinstance(v, dict) else 256) for k, v in spec.items()}
+    assert parse_spec(at_ceiling)

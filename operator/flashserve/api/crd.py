@@ -70,6 +70,13 @@ RULES: dict[str, list[dict[str, str]]] = {
             "fieldPath": ".placement.nvlinkDomain.enabled",
             "reason": "FieldValueInvalid",
         },
+        {
+            "rule": f"self.replicas <= {api.MAX_GROUPS}",
+            "message": f"one serving holds at most {api.MAX_GROUPS} replica groups: split a larger fleet into "
+            "several servings",
+            "fieldPath": ".replicas",
+            "reason": "FieldValueInvalid",
+        },
     ],
     "ParallelismSpec": [
         {
@@ -84,6 +91,12 @@ RULES: dict[str, list[dict[str, str]]] = {
             "rule": "self.minReplicas <= self.maxReplicas",
             "message": "minReplicas must not exceed maxReplicas",
             "fieldPath": ".minReplicas",
+        },
+        {
+            "rule": f"self.maxReplicas <= {api.MAX_GROUPS}",
+            "message": f"one serving holds at most {api.MAX_GROUPS} replica groups: split a larger fleet into "
+            "several servings",
+            "fieldPath": ".maxReplicas",
         },
     ],
     "WeightsSource": [

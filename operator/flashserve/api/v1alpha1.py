@@ -30,6 +30,12 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
 # Bounds that keep CEL rule costs within the API server's budget and objects within etcd's size limit.
 MAX_LIST = 64
 MAX_STRING = 4096
+# Replica groups one serving may hold. A group is one node (4 GPUs on GB200/GB300, 8 on B200/B300) up to a
+# whole NVL72 rack (18 nodes, 72 GPUs), so 256 groups are 1,024 to 18,432 GPUs on up to 4,608 nodes: the size
+# of the largest Kubernetes clusters (5,000 nodes is the tested limit). A fleet larger than that spans several
+# clusters, hence several servings. It also bounds what one reconcile renders (about 1.5 s of CPU for all
+# 256 groups when the spec changes) and a full rollout at one group at a time.
+MAX_GROUPS = 256
 
 K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
@@ -319,10 +325,10 @@ class AutoscalingSpec(_Model):
     """Let the operator set spec.replicas from per-user speed. When on, the autoscaler owns spec.replicas."""
     mode: Literal["Active", "Advisory"] = "Active"
     """Active acts on its decisions; Advisory only reports them in status and events."""
-    min_replicas: int = Field(1, ge=1, le=1000)
+    min_replicas: int = Field(1, ge=1, le=MAX_GROUPS)
     """Fewest replica groups; at least one, since a cold replica takes minutes to serve."""
-    max_replicas: int = Field(4, ge=1, le=1000)
-    """Most replica groups (the GPU budget)."""
+    max_replicas: int = Field(4, ge=1, le=MAX_GROUPS)
+    """Most replica groups (the GPU budget); at most 256, the groups one serving may hold."""
     sla: SLASpec = Field(default_factory=SLASpec)
     prometheus_url: str | None = Field(None, max_length=1024, pattern=r"^https?://[^\s]+$")
     """Prometheus that scrapes the engines; unset uses the operator's --prometheus-url."""
@@ -355,7 +361,7 @@ class NetworkPolicySpec(_Model):
 
 
 class RolloutSpec(_Model):
-    max_unavailable: int = Field(1, ge=1, le=1000)
+    max_unavailable: int = Field(1, ge=1, le=MAX_GROUPS)
     """Replica groups that may be updating at once; a group's pods are always replaced together."""
 
 
@@ -368,8 +374,10 @@ class DeepSeekServingSpec(_Model):
     """Tensor, data and expert parallelism, and how many nodes one replica spans."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     """Where the pods run."""
-    replicas: int = Field(1, ge=0, le=1000)
-    """Serving replica groups. Owned by the autoscaler when autoscaling is enabled."""
+    replicas: int = Field(1, ge=0, le=MAX_GROUPS)
+    """Serving replica groups. Owned by the autoscaler when autoscaling is enabled. At most 256 groups per
+    serving (1,024 to 18,432 GPUs, from one-node groups to whole NVL72 racks); a larger fleet is split into
+    several servings."""
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Per-user-speed autoscaling."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)

@@ -15,11 +15,15 @@ Every Lease request has its own short timeout and the elector its own connection
 half-open connection (a frozen proxy, a dropped NAT entry) then fails in seconds, takes its connection with
 it, and the next attempt opens a fresh one well within `renew_deadline`. With one request allowed to hang for
 the whole deadline, a single dead connection would cost the leadership.
+
+Its requests also run on threads of its own rather than the event loop's default executor, which the
+reconciler's API writes share: a queue of slow writes never delays a renewal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import logging
 import os
@@ -58,6 +62,11 @@ class LeaseElector:
         self.clock = clock
         self._observed: tuple | None = None  # the lease record as last read
         self._observed_at = 0.0  # local monotonic time at which it last changed
+        # Two: a request stuck until its timeout leaves a thread for the next attempt.
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="flashserve-lease")
+
+    async def _attempt(self) -> bool:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._try_acquire_or_renew)
 
     def _try_acquire_or_renew(self) -> bool:
         now = _now()
@@ -113,7 +122,7 @@ class LeaseElector:
         announced = False
         while True:
             try:
-                if await asyncio.to_thread(self._try_acquire_or_renew):
+                if await self._attempt():
                     log.info("leader election: %s acquired lease %s/%s", self.identity, self.namespace, self.name)
                     return
             except Exception as exc:  # API server unreachable: keep trying, never act without the lease
@@ -131,7 +140,7 @@ class LeaseElector:
             # After a failure, try again soon (on a fresh connection) rather than a whole retry period later.
             await asyncio.sleep(self.retry_period if ok else min(self.retry_period, 0.5))
             try:
-                ok = await asyncio.wait_for(asyncio.to_thread(self._try_acquire_or_renew), self.renew_deadline)
+                ok = await asyncio.wait_for(self._attempt(), self.renew_deadline)
             except Exception as exc:
                 log.warning("leader election: renewal failed (%s)", exc)
                 ok = False

@@ -12,6 +12,10 @@ Rules:
   created beside the old one, and the old one (StatefulSet, headless Service, ComputeDomain) is deleted only
   once the new one is ready. Shared objects under old names go once no old group is left.
 - The observed children are the serving's own (observe.owned): another object's children are never planned.
+
+Rendering is the costly part (seconds for hundreds of groups): plan takes the rendered objects from a
+RenderCache, so a plan of an unchanged serving renders nothing. plan stays a pure function of its inputs; the
+reconciler runs it in a worker thread so that the event loop never waits on it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from flashserve.naming import (
     serving_label_value,
     service_name,
 )
-from flashserve.render import TEMPLATE_HASH_ANNOTATION, render_group, render_shared, template_hash
+from flashserve.render import TEMPLATE_HASH_ANNOTATION, template_hash
+from flashserve.render_cache import CACHE, RenderCache, spec_digest
 
 CHANNEL_SUFFIX = "-channel"  # a ComputeDomain's channel ResourceClaimTemplate is `<computedomain>-channel`
 
@@ -198,7 +203,10 @@ def _compute_domains_of_rendered(sts: dict) -> list[str]:
             if c.get("resourceClaimTemplateName", "").endswith(CHANNEL_SUFFIX)]  # fmt: skip
 
 
-def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) -> Plan:
+def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
+         cache: RenderCache | None = None) -> Plan:
+    cache = CACHE if cache is None else cache
+    digest = spec_digest(obj)
     spec = obj.spec
     name = obj.metadata["name"]
     desired = spec.replicas if replicas is None else replicas
@@ -219,7 +227,7 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
         sts = gs.current.get(g.index)
         old = gs.old.get(g.index, [])
         group_pods = [p for p in gs.pods_of(sts) if not p.terminating]
-        objs = render_group(obj, g.index)
+        objs = cache.group(obj, g.index, digest)
         sts_hash = sts["metadata"]["annotations"].get(TEMPLATE_HASH_ANNOTATION, "") if sts else current
         if sts is None and old:
             # Under an old name only: create the current one beside it (the old one keeps serving), as many
@@ -271,7 +279,7 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) 
                     out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
     out.groups = states
 
-    for o in render_shared(obj):
+    for o in cache.shared(obj, digest):
         live = _live(observed, o)
         if _needs_apply(o, live):
             out.apply.append(o)

@@ -7,6 +7,7 @@ costs no API requests at all (children are observed through watches).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import hashlib
 import json
@@ -35,6 +36,7 @@ from flashserve.controller.status import (
 )
 from flashserve.naming import GROUP_LABEL, MANAGED_BY, SERVING_LABEL, serving_label_value
 from flashserve.render import endpoint, selector_string
+from flashserve.render_cache import CACHE
 
 API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 
@@ -44,7 +46,20 @@ API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 RECENT_WRITE_S = 10.0
 
 
+# Planning renders templates: seconds of CPU for a serving at the group ceiling when its spec changes. It runs
+# on threads of its own, never on the event loop (which renews the Lease and answers the liveness probe) and
+# never in the default executor (which the API writes use), so a large render delays neither. Two threads: a
+# large serving's render leaves the other one to the many small plans that a resync brings.
+PLAN_THREADS = 2
+_planner = concurrent.futures.ThreadPoolExecutor(max_workers=PLAN_THREADS, thread_name_prefix="flashserve-plan")
+
 log = logging.getLogger(__name__)
+
+
+def _planned(obj: DeepSeekServing, mine: Observed) -> tuple[Plan, list[str]]:
+    """The plan and the digest of each object it applies (hashing thousands of objects is work too)."""
+    p = plan(obj, mine)
+    return p, [_digest(o) for o in p.apply]
 
 
 def _digest(obj: dict) -> str:
@@ -110,6 +125,7 @@ class Controller:
     def forget(self, namespace: str, name: str) -> None:
         """A serving is gone: a new one of the same name starts from its own (empty) status."""
         self._status.pop((namespace, name), None)
+        CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
         """False for a write identical to one made in the last RECENT_WRITE_S; otherwise record it."""
@@ -124,10 +140,12 @@ class Controller:
         for kind, name in skipped:
             self._recent.pop((kind, namespace, name), None)
 
-    def _skip_repeats(self, namespace: str, p: Plan) -> None:
+    def _skip_repeats(self, namespace: str, p: Plan, digests: list[str] | None = None) -> None:
         """Drop writes identical to ones made moments ago (the watch has not shown them yet)."""
         now = time.monotonic()
-        p.apply = [o for o in p.apply if self._first((o["kind"], namespace, o["metadata"]["name"]), _digest(o), now)]
+        digests = digests if digests is not None else [_digest(o) for o in p.apply]
+        p.apply = [o for o, d in zip(p.apply, digests, strict=True)
+                   if self._first((o["kind"], namespace, o["metadata"]["name"]), d, now)]  # fmt: skip
         applied_groups = {o["metadata"]["labels"].get(GROUP_LABEL) for o in p.apply if o["kind"] == "StatefulSet"}
         p.created_groups = [g for g in p.created_groups if str(g) in applied_groups]
         p.rolling = [g for g in p.rolling if str(g) in applied_groups]
@@ -174,8 +192,9 @@ class Controller:
             if scaled is not None:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
-        p = plan(obj, mine)
-        self._skip_repeats(namespace, p)
+        loop = asyncio.get_running_loop()
+        p, digests = await loop.run_in_executor(_planner, _planned, obj, mine)
+        self._skip_repeats(namespace, p, digests)
         outcome = Outcome()
         if p.writes:
             log.info("%s/%s: apply %s; patch %s; delete %s; delete pods %s", namespace, name,
