@@ -32,7 +32,7 @@ import re
 STS_NAME_MAX = 52
 DNS_LABEL_MAX = 63
 HASH_LEN = 8
-GROUP_INDEX_MAX = 999  # spec.replicas <= 1000
+GROUP_INDEX_MAX = 999  # spec.replicas <= 256
 
 SERVING_LABEL = "flashserve.io/serving"
 GROUP_LABEL = "flashserve.io/group"
