@@ -227,7 +227,13 @@ class _Launched(Exception):
 
 
 def _check(case: dict) -> dict:
+    return check_case(case)[0]
+
+
+def check_case(case: dict):
+    """The case's verdict, and the VllmConfig vLLM built (None where it refused)."""
     result = {"id": case["id"], "ok": False, "level": None, "error": None, "config": {}}
+    vc = None
     argv = list(case["argv"])
     work = Path(tempfile.mkdtemp(prefix="case-", dir=os.environ["FLASHSERVE_CONTRACT_WORK"]))
     model, revision = _model_and_revision(argv)
@@ -303,9 +309,10 @@ def _check(case: dict) -> dict:
         if isinstance(exc, SystemExit):
             msg = f"argparse exited ({exc.code}): {_stderr_tail()}"
         result["error"] = f"{stage}: {msg}"
+        vc = None
         if os.environ.get("FLASHSERVE_CONTRACT_TRACEBACK"):
             result["traceback"] = traceback.format_exc()
-    return result
+    return result, vc
 
 
 _STDERR_FILE: Path | None = None

@@ -7,7 +7,7 @@ decode_seconds], ...]}` (argv and env: what follows `vllm serve` in the pod, and
 config the logger was built on. That is the VllmConfig engine_check.py's path produces for the argv (vLLM's
 parser, serve checks, AsyncEngineArgs and create_engine_config on the stubbed Blackwell platform), with the DP
 ranks one API server manages (core_client's `engine_ranks_managed`) as engine indexes: `config` "engine".
-Where vLLM refuses that engine config, minimal_config stands in and `config` says why. Recorded through the
+Where vLLM refuses that engine config the case fails with vLLM's reason. Recorded through the
 logger's API:
 
   * `log_engine_initialized` (the server does it at start-up: `vllm:cache_config_info`);
@@ -31,66 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_check as harness  # noqa: E402
 
 
-def minimal_config(argv: list[str]):
-    """The smallest config the logger accepts, from vLLM's own parse of the argv, for an argv whose engine
-    config vLLM refuses (engine_check's verdict says why; the engine contract tests own that): vLLM's
-    ObservabilityConfig (which validates `--custom-histogram-buckets`) and CacheConfig, the served model name
-    as ModelConfig resolves it, the max model length, `num_speculative_tokens` (all the logger reads of the
-    speculative config), no connector, LoRA or watermark; every DP rank managed."""
-    import types
-
-    from vllm.config import CacheConfig, ObservabilityConfig
-    from vllm.config.model import get_served_model_name
-    from vllm.entrypoints.common.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv)
-    cache = dict(gpu_memory_utilization=args.gpu_memory_utilization, cache_dtype=args.kv_cache_dtype)
-    if args.block_size is not None:
-        cache["block_size"] = args.block_size
-    if args.enable_prefix_caching is not None:
-        cache["enable_prefix_caching"] = bool(args.enable_prefix_caching)
-    spec = args.speculative_config
-    pc = types.SimpleNamespace(
-        data_parallel_rank_local=None, data_parallel_index=0, local_engines_only=False,
-        data_parallel_size=args.data_parallel_size or 1, data_parallel_size_local=args.data_parallel_size or 1,
-    )  # fmt: skip
-    return types.SimpleNamespace(
-        observability_config=ObservabilityConfig(custom_histogram_buckets=args.custom_histogram_buckets),
-        cache_config=CacheConfig(**cache),
-        model_config=types.SimpleNamespace(
-            served_model_name=get_served_model_name(args.model_tag or args.model, args.served_model_name),
-            max_model_len=args.max_model_len,
-            is_diffusion=False,
-        ),
-        speculative_config=(
-            types.SimpleNamespace(num_speculative_tokens=int(spec.get("num_speculative_tokens", 1))) if spec else None
-        ),
-        parallel_config=pc,
-        kv_transfer_config=None,
-        ec_transfer_config=None,
-        watermark_config=None,
-        lora_config=None,
-    )
-
-
 def engine_config(case: dict):
     """The VllmConfig of engine_check's `config` level for the case (raises with its verdict otherwise)."""
-    captured = {}
-    summary = harness._summary
-
-    def keep(vc):
-        captured["vc"] = vc
-        return summary(vc)
-
-    harness._summary = keep
-    try:
-        verdict = harness._check({k: case[k] for k in ("id", "argv", "env", "accelerator") if k in case})
-    finally:
-        harness._summary = summary
-    if not verdict["ok"]:
+    verdict, vc = harness.check_case({k: case[k] for k in ("id", "argv", "env", "accelerator") if k in case})
+    if vc is None:
         raise RuntimeError(f"vLLM refused the argv at {verdict['level']}: {verdict['error']}")
-    return captured["vc"]
+    return vc
 
 
 def managed_ranks(vc) -> list[int]:
@@ -103,17 +49,14 @@ def managed_ranks(vc) -> list[int]:
 
 
 def exposition(case: dict) -> tuple[str, str]:
-    """The exposition text, and which config it was built on: "engine" (vLLM's create_engine_config) or
-    "minimal (why vLLM refused the engine config)"."""
+    """The exposition text, and which config it was built on ("engine": vLLM's create_engine_config; an argv
+    vLLM refuses fails the case, with vLLM's reason)."""
     from prometheus_client import REGISTRY, generate_latest
     from vllm.v1.engine import FinishReason
     from vllm.v1.metrics.loggers import PrometheusStatLogger
     from vllm.v1.metrics.stats import IterationStats, RequestStateStats, SchedulerStats
 
-    try:
-        vc, source = engine_config(case), "engine"
-    except RuntimeError as refused:
-        vc, source = minimal_config(case["argv"]), f"minimal ({refused})"
+    vc, source = engine_config(case), "engine"
     engines = managed_ranks(vc)
     logger = PrometheusStatLogger(vc, engines)  # unregisters any earlier vllm: collectors first
     logger.log_engine_initialized()
