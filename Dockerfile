@@ -5,6 +5,9 @@
 #   docker build -t ghcr.io/flashserve/flashserve-operator:0.1.0 .                          the operator (default)
 #   docker build --target mock-engine -t ghcr.io/flashserve/flashserve-mock-engine:0.1.0 .   `vllm` = the mock engine
 #
+# The operator image installs the product alone (the repository root's package `flashserve`); only the
+# mock-engine image adds the test bed (testbed/, `flashserve-testbed`), which holds the mock.
+#
 # The operator image runs `flashserve run` as an unprivileged user; the Helm chart gives it a read-only root
 # filesystem with /tmp as an emptyDir. The mock engine answers to `vllm serve ...` on CPUs (kind clusters):
 # set a serving's spec.engine.image to it. Both final stages hold only the Python runtime and a virtual
@@ -31,8 +34,20 @@ print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependenc
 PY
 RUN /opt/flashserve/bin/pip install --prefer-binary -r /tmp/requirements.txt
 COPY operator ./operator
-RUN /opt/flashserve/bin/pip install --no-deps . \
- && /opt/flashserve/bin/python -m compileall -q /opt/flashserve/lib \
+RUN /opt/flashserve/bin/pip install --no-deps .
+
+# The mock engine's environment: the product's plus the test bed (the mock and its dependencies).
+FROM builder AS mock-builder
+COPY testbed ./testbed
+RUN /opt/flashserve/bin/pip install --prefer-binary ./testbed
+
+# Both final environments: bytecode compiled, no pip, no activate scripts.
+FROM builder AS product-env
+RUN /opt/flashserve/bin/python -m compileall -q /opt/flashserve/lib \
+ && /opt/flashserve/bin/python -m pip uninstall -y pip \
+ && rm -f /opt/flashserve/bin/activate*
+FROM mock-builder AS mock-env
+RUN /opt/flashserve/bin/python -m compileall -q /opt/flashserve/lib \
  && /opt/flashserve/bin/python -m pip uninstall -y pip \
  && rm -f /opt/flashserve/bin/activate*
 
@@ -43,7 +58,6 @@ RUN python -m pip uninstall -y pip setuptools wheel 2>/dev/null; \
     groupadd --system --gid 65532 flashserve \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin flashserve
-COPY --from=builder /opt/flashserve /opt/flashserve
 ENV PATH=/opt/flashserve/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
@@ -55,6 +69,7 @@ USER 65532:65532
 # FLASHSERVE_MOCK_BIND_ANY=1 allows the mock to bind a non-loopback address, so kubelet probes and Services
 # can reach it (outside a container it always binds 127.0.0.1; see docs/engine-model.md).
 FROM runtime AS mock-engine
+COPY --from=mock-env /opt/flashserve /opt/flashserve
 ENV FLASHSERVE_MOCK_BIND_ANY=1
 EXPOSE 8000
 ENTRYPOINT ["vllm"]
@@ -62,6 +77,7 @@ ENTRYPOINT ["vllm"]
 # --------------------------------------------------------------------------------------------- operator
 # The default target (last stage).
 FROM runtime AS operator
+COPY --from=product-env /opt/flashserve /opt/flashserve
 LABEL org.opencontainers.image.title="flashserve-operator" \
       org.opencontainers.image.description="Kubernetes operator serving DeepSeek-V4.1-Flash with vLLM on NVIDIA Blackwell" \
       org.opencontainers.image.licenses="Apache-2.0" \

@@ -17,10 +17,11 @@ help:
 	@echo "make unit | e2e  one half of the suite"
 	@echo "make cluster-up | cluster-down   the local control plane with KWOK Blackwell nodes and Prometheus"
 
-$(VENV)/.installed: pyproject.toml
+# The product (flashserve, the repository root) and the test bed (testbed/), both editable.
+$(VENV)/.installed: pyproject.toml testbed/pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,plot]'
+	$(VENV)/bin/pip install -q -e '.[test]' -e './testbed[plot]'
 	touch $@
 
 install: $(VENV)/.installed

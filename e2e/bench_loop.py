@@ -35,16 +35,21 @@ import time
 import urllib.request
 
 from aiohttp import web
-from kubernetes import client
-
 from flashserve.api.v1alpha1 import DEFAULT_IMAGE
 from flashserve.controller import handlers
 from flashserve.controller import reconciler as reconciler_mod
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.observe import PodView, slim
 from flashserve.controller.reconciler import Controller
-from flashserve.naming import GROUP_LABEL, SERVING_LABEL, legacy_serving_label_value, serving_label_value
-from flashserve.render import TEMPLATE_HASH_ANNOTATION
+from flashserve.render.naming import (
+    GROUP_LABEL,
+    SERVING_LABEL,
+    legacy_serving_label_value,
+    serving_label_value,
+)
+from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
+from kubernetes import client
+
 from tests.fakes import WATCHED, FakeKube
 
 HEARTBEAT_S = 0.01

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import yaml
+from flashserve_testbed.localcluster import Layout, down, ensure_up
 
 from e2e.support import OperatorProcess, wait_until
-from flashserve.localcluster import Layout, down, ensure_up
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "flashserve.io_deepseekservings.yaml"

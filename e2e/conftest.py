@@ -19,9 +19,16 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
-from flashserve.localcluster import ClusterInfo, Layout, ToolchainMissing, down, ensure_up, load_info, toolchain_bin
-from flashserve.localcluster.controlplane import ControlPlane
+from flashserve_testbed.localcluster import (
+    ClusterInfo,
+    Layout,
+    ToolchainMissing,
+    down,
+    ensure_up,
+    load_info,
+    toolchain_bin,
+)
+from flashserve_testbed.localcluster.controlplane import ControlPlane
 
 REPO = Path(__file__).resolve().parents[1]
 E2E = Path(__file__).resolve().parent
@@ -135,7 +142,7 @@ def kubectl(cluster: E2ECluster) -> KubectlRun:
 @pytest.fixture
 def namespace(request, kube, kubectl: KubectlRun) -> str:
     """A fresh namespace per test (its default ServiceAccount exists, so pods are admitted), deleted after."""
-    from flashserve.localcluster.kube import wait_default_service_account
+    from flashserve_testbed.localcluster.kube import wait_default_service_account
     from kubernetes import client
 
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from flashserve.demo import Stack, Timeline, demo_serving
+from flashserve_testbed.demo import Stack, Timeline, demo_serving
 
 EVAL_S = 5
 
@@ -48,7 +48,7 @@ def schedule(minutes: float) -> str:
 
 
 def run(minutes: float, cluster_dir: Path | None = None, log=print) -> dict:
-    from flashserve.loadgen import Workload, run_load
+    from flashserve_testbed.loadgen import Workload, run_load
 
     root = cluster_dir or Path.home() / ".cache" / "flashserve" / "soak-cluster"
     stack = Stack(cluster_dir=root, namespace="soak", startup_seconds=15).start(log=log)

@@ -13,9 +13,9 @@ import threading
 import time
 
 import pytest
+from flashserve_testbed.demo import Stack, Timeline, demo_serving
 
 from e2e.support import wait_until
-from flashserve.demo import Stack, Timeline, demo_serving
 
 EVAL_S = 5
 DOWN_DELAY_S = 30
@@ -24,7 +24,7 @@ PEAK_WINDOW_S = 40  # the recent peak holds the fleet this long after the load d
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from flashserve.localcluster import ToolchainMissing, toolchain_bin
+    from flashserve_testbed.localcluster import ToolchainMissing, toolchain_bin
 
     try:
         toolchain_bin()
@@ -44,7 +44,7 @@ def serving(name: str, **auto) -> dict:
 
 
 def _load_in_thread(stack: Stack, name: str, schedule: str) -> tuple[threading.Thread, dict]:
-    from flashserve.loadgen import Workload, run_load
+    from flashserve_testbed.loadgen import Workload, run_load
 
     box: dict = {}
 
@@ -106,7 +106,7 @@ def test_scale_up_on_breach_recovers_and_releases_the_surplus_after_the_delay(st
 
 
 def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(stack):
-    from flashserve.localcluster import ensure_up, prometheus
+    from flashserve_testbed.localcluster import ensure_up, prometheus
 
     name = "holdme"
     stack.apply(serving(name, minReplicas=2, maxReplicas=4))
@@ -139,8 +139,7 @@ def test_pool_exhausted_sets_scaling_limited_without_runaway(stack):
     # Take all but one GB200 node with a serving's objects applied directly in another namespace (neither the
     # operator nor the mock runtime watch it, so its pods just hold their nodes).
     import yaml
-
-    from flashserve.render import render
+    from flashserve.render.renderer import render
 
     stack.kubectl(["create", "namespace", "filler"])
     filler = render({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flashserve.render.naming import group_name
 
 from e2e.conftest import CRD_NAME
 from e2e.support import OperatorProcess, condition, get_json, wait_until
-from flashserve.naming import group_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "flashserve"
@@ -27,7 +27,7 @@ SAMPLE = ROOT / "manifests" / "samples" / "gb200-minimal.yaml"
 
 @pytest.fixture(scope="module")
 def helm(cluster):
-    from flashserve.localcluster import ToolchainMissing, toolchain_bin
+    from flashserve_testbed.localcluster import ToolchainMissing, toolchain_bin
 
     try:
         path = toolchain_bin() / "helm"
@@ -50,9 +50,8 @@ def helm(cluster):
 @pytest.fixture
 def make_namespace(kube):
     """Extra namespaces for a test, deleted afterwards."""
+    from flashserve_testbed.localcluster.kube import wait_default_service_account
     from kubernetes import client
-
-    from flashserve.localcluster.kube import wait_default_service_account
 
     core, made = client.CoreV1Api(kube), []
 

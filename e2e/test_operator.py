@@ -8,9 +8,9 @@ import time
 
 import pytest
 import yaml
+from flashserve.render.naming import group_name
 
 from e2e.support import OperatorProcess, condition, get_json, wait_until
-from flashserve.naming import group_name
 
 SAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "manifests" / "samples"
 

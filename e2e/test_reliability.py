@@ -9,13 +9,26 @@ from collections import Counter
 
 import pytest
 import yaml
+from flashserve.render.naming import group_name
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e2e.support import OperatorProcess, condition, get_json, restart_process, wait_until
+from e2e.support import (
+    OperatorProcess,
+    condition,
+    get_json,
+    restart_process,
+    wait_until,
+)
 from e2e.tcp_proxy import SilenceableProxy
-from e2e.test_operator import apply_serving, operator, pods, ready, serving, statefulsets  # noqa: F401
-from flashserve.naming import group_name
+from e2e.test_operator import (  # noqa: F401
+    apply_serving,
+    operator,
+    pods,
+    ready,
+    serving,
+    statefulsets,
+)
 
 
 def test_hand_scaled_statefulset_is_restored_with_an_event(operator, kubectl, namespace):  # noqa: F811
@@ -68,8 +81,8 @@ def test_silent_watch_is_detected_and_recovered(cluster, namespace, crd_installe
 
 
 def test_api_server_restart_mid_reconcile_recovers(operator, kubectl, namespace, cluster):  # noqa: F811
-    from flashserve.localcluster.controlplane import ControlPlane
-    from flashserve.localcluster.paths import Layout, toolchain_bin
+    from flashserve_testbed.localcluster.controlplane import ControlPlane
+    from flashserve_testbed.localcluster.paths import Layout, toolchain_bin
 
     cluster.require_pools()
     apply_serving(kubectl, namespace, {"replicas": 1})
@@ -90,7 +103,7 @@ def test_api_server_restart_mid_reconcile_recovers(operator, kubectl, namespace,
 
 
 def test_lost_node_pods_are_rescheduled(operator, kubectl, namespace, cluster):  # noqa: F811
-    from flashserve.localcluster import ensure_up
+    from flashserve_testbed.localcluster import ensure_up
 
     apply_serving(kubectl, namespace, {"replicas": 1})
     wait_until(lambda: ready(kubectl, namespace), 60, what="Ready")

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flashserve_testbed.localcluster import ensure_up
 
 from e2e.support import OperatorProcess, free_port, wait_until
-from flashserve.localcluster import ensure_up
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -125,7 +125,7 @@ def stack(external_cluster, kube, kubectl, crd_installed, tmp_path_factory):
     core = client.CoreV1Api(kube)
     namespace = f"e2e-runtime-{uuid.uuid4().hex[:5]}"
     core.create_namespace({"metadata": {"name": namespace, "labels": {"flashserve.io/e2e": "true"}}})
-    from flashserve.localcluster.kube import wait_default_service_account
+    from flashserve_testbed.localcluster.kube import wait_default_service_account
 
     wait_default_service_account(kube, namespace)
     logs = tmp_path_factory.mktemp("runtime")

@@ -30,7 +30,7 @@ GROUP = "flashserve.io/group"
 
 
 def render(cr: dict) -> list[dict]:
-    from flashserve.render import render as render_
+    from flashserve.render.renderer import render as render_
 
     return render_(cr)
 
@@ -240,7 +240,7 @@ def test_pod_asking_for_more_gpus_than_a_node_has_is_unschedulable(cluster: E2EC
 
 def test_external_readiness_leaves_ready_to_the_runtime(cluster: E2ECluster, namespace: str, kube, kubectl):
     """With --pod-readiness=external, KWOK starts serving pods but an outside process decides Ready."""
-    from flashserve.localcluster import ensure_up
+    from flashserve_testbed.localcluster import ensure_up
     from kubernetes import client
 
     info = cluster.require_pools()

@@ -9,7 +9,7 @@ from e2e import soak
 
 
 def test_short_soak(tmp_path):
-    from flashserve.localcluster import ToolchainMissing, toolchain_bin
+    from flashserve_testbed.localcluster import ToolchainMissing, toolchain_bin
 
     try:
         toolchain_bin()

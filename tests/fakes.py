@@ -6,11 +6,10 @@ from __future__ import annotations
 import copy
 import json
 
-from kubernetes.client.rest import ApiException
-
 from flashserve.controller.observe import Observed, PodView, slim
-from flashserve.naming import GROUP_LABEL, SERVING_LABEL
-from flashserve.render import TEMPLATE_HASH_ANNOTATION
+from flashserve.render.naming import GROUP_LABEL, SERVING_LABEL
+from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
+from kubernetes.client.rest import ApiException
 
 WATCHED = {"StatefulSet": "statefulsets", "Service": "services", "PodDisruptionBudget": "pdbs",
            "NetworkPolicy": "netpols"}  # fmt: skip

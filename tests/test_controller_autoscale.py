@@ -10,12 +10,12 @@ import threading
 from http.server import ThreadingHTTPServer
 
 import pytest
-
 from flashserve.api.validation import parse_serving
-from flashserve.controller import autoscale as autoscale_mod
 from flashserve.autoscaling.allowlist import PrometheusAllowList
+from flashserve.controller import autoscale as autoscale_mod
 from flashserve.controller.autoscale import STATE_ANNOTATION, Autoscaler
 from flashserve.controller.observe import Observed, PodView
+
 from tests.autoscaling.test_metrics import CANNED, FakePrometheus
 
 

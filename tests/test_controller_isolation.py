@@ -9,10 +9,10 @@ import copy
 import logging
 
 import pytest
-
+from flashserve.api.validation import parse_serving
 from flashserve.controller import reconciler as reconciler_mod
 from flashserve.controller.reconciler import Controller
-from flashserve.naming import (
+from flashserve.render.naming import (
     GROUP_LABEL,
     GROUP_NAME_LABEL,
     SERVING_LABEL,
@@ -24,8 +24,8 @@ from flashserve.naming import (
     service_name,
     serving_label_value,
 )
-from flashserve.api.validation import parse_serving
-from flashserve.render import render_serving
+from flashserve.render.renderer import render_serving
+
 from tests.fakes import FakeKube, api_error
 
 NS = "team-a"
@@ -230,7 +230,7 @@ def test_other_tools_conditions_survive_a_reconcile(events):
 
 
 def test_a_compute_domain_of_another_owner_is_not_deleted(events):
-    from flashserve.naming import compute_domain_name
+    from flashserve.render.naming import compute_domain_name
 
     kube = FakeKube()
     c = controller(kube)

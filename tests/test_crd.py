@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import yaml
-
 from flashserve.api.crd import CRD_FILE, crd_yaml, generate_crd
+
 from tests.conftest import ROOT
 
 

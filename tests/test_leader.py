@@ -6,9 +6,8 @@ from __future__ import annotations
 import copy
 import datetime as dt
 
-from kubernetes import client
-
 from flashserve.controller.leader import LeaseElector
+from kubernetes import client
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 

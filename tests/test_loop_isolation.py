@@ -9,11 +9,11 @@ import concurrent.futures
 import logging
 import threading
 
+from flashserve.controller import reconciler as reconciler_mod
+from flashserve.controller.leader import LeaseElector
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from flashserve.controller import reconciler as reconciler_mod
-from flashserve.controller.leader import LeaseElector
 from tests.fakes import FakeKube
 from tests.test_controller_isolation import body, controller
 

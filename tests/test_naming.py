@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
-
 from flashserve.api.validation import parse_serving
-from flashserve.naming import (
+from flashserve.render.naming import (
     GROUP_LABEL,
     SERVING_LABEL,
     compute_domain_name,
@@ -21,7 +18,9 @@ from flashserve.naming import (
     service_name,
     serving_label_value,
 )
-from flashserve.render import render_serving
+from flashserve.render.renderer import render_serving
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -5,8 +5,8 @@ itself on the rules the matrix depends on."""
 from __future__ import annotations
 
 import pytest
+from flashserve.render.renderer import render
 
-from flashserve.render import render
 from tests.netpol_eval import Pod, allowed
 from tests.test_render import by_kind, cr
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from flashserve.api.validation import parse_serving
 from flashserve.controller.observe import Observed, PodView, slim
 from flashserve.controller.plan import plan
-from flashserve.naming import group_name
-from flashserve.render import render_serving, template_hash
+from flashserve.render.naming import group_name
+from flashserve.render.renderer import render_serving, template_hash
 
 
 def G(i: int) -> str:
@@ -116,7 +116,7 @@ def test_template_hash_is_what_the_statefulset_and_pods_carry():
 
 
 def test_turning_compute_domains_off_deletes_them_group_by_group():
-    from flashserve.naming import compute_domain_name
+    from flashserve.render.naming import compute_domain_name
 
     spec = {"replicas": 2, "parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
     on = serving(spec)
@@ -130,7 +130,7 @@ def test_turning_compute_domains_off_deletes_them_group_by_group():
 
 
 def test_scale_down_deletes_the_compute_domains_of_removed_groups():
-    from flashserve.naming import compute_domain_name
+    from flashserve.render.naming import compute_domain_name
 
     spec = {"parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
     p = plan(serving({**spec, "replicas": 1}), observe(serving({**spec, "replicas": 3})))

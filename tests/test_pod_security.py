@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flashserve.render.renderer import render
 
-from flashserve.render import render
 from tests.pod_security import strictest_level, violations
 from tests.test_render import cr, pod
 
@@ -61,7 +61,7 @@ def test_ipc_lock_is_opt_in_and_needs_privileged(nodes):
 def test_ipc_lock_unset_keeps_the_template_hash():
     """Servings that never set ipcLock are not restarted by the operator upgrade that added it."""
     from flashserve.api.validation import parse_serving
-    from flashserve.render import template_hash
+    from flashserve.render.renderer import template_hash
 
     h = lambda spec: template_hash(parse_serving(cr(spec)).spec)  # noqa: E731
     assert h({}) != h({"engine": {"ipcLock": True}})

@@ -7,10 +7,17 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
 from flashserve.controller.main import _parser
-from tests.test_controller_autoscale import RecordingKube, body_for, evaluate, events, loopback_scaler, ready_observed  # noqa: F401
+
+from tests.test_controller_autoscale import (  # noqa: F401
+    RecordingKube,
+    body_for,
+    evaluate,
+    events,
+    loopback_scaler,
+    ready_observed,
+)
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import jinja2
 import pytest
-
 from flashserve.api.validation import parse_serving
-from flashserve.naming import group_name
-from flashserve.render import _env, render, render_serving, template_hash
+from flashserve.render.naming import group_name
+from flashserve.render.renderer import _env, render, render_serving, template_hash
 
 
 def cr(spec: dict, name: str = "flash", **meta) -> dict:

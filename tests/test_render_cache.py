@@ -4,13 +4,13 @@ groups, any other spec change or a new serving of the same name renders afresh, 
 from __future__ import annotations
 
 import pytest
-
-from flashserve import render_cache as cache_mod
 from flashserve.api.validation import parse_serving
 from flashserve.controller.observe import Observed
 from flashserve.controller.plan import plan
-from flashserve.render import render_serving
-from flashserve.render_cache import RenderCache
+from flashserve.render import cache as cache_mod
+from flashserve.render.cache import RenderCache
+from flashserve.render.renderer import render_serving
+
 from tests.test_plan import observe
 
 

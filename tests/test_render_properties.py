@@ -3,12 +3,12 @@ spec the validator refuses raises an error naming a field."""
 
 from __future__ import annotations
 
+from flashserve.api.validation import SpecError, parse_serving
+from flashserve.facts.accelerators import ACCELERATORS
+from flashserve.render.renderer import render_serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashserve.accelerators import ACCELERATORS
-from flashserve.api.validation import SpecError, parse_serving
-from flashserve.render import render_serving
 from tests.k8s_schema import validate
 
 accel = st.sampled_from(sorted(ACCELERATORS))

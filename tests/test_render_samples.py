@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import yaml
+from flashserve.render.renderer import render
 
-from flashserve.render import render
 from tests.conftest import ROOT, load_sample
 from tests.k8s_schema import validate
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from flashserve.controller.plan import GroupState
-from flashserve.controller.status import Cond, group_conditions, merge_conditions, transitions
+from flashserve.controller.status import (
+    Cond,
+    group_conditions,
+    merge_conditions,
+    transitions,
+)
 
 
 def test_last_transition_time_changes_only_with_status():
@@ -30,7 +35,11 @@ def test_transitions_emit_events_for_changes_only():
 
 
 def test_long_messages_are_capped_with_a_count_of_what_was_left_out():
-    from flashserve.controller.status import MESSAGE_MAX_BYTES, invalid_spec_conditions, join_capped
+    from flashserve.controller.status import (
+        MESSAGE_MAX_BYTES,
+        invalid_spec_conditions,
+        join_capped,
+    )
 
     errors = [f"spec.field{i}: unknown field: remove it" for i in range(2000)]
     msg = invalid_spec_conditions(errors)[0].message

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from flashserve.api.validation import SpecError, parse_serving, parse_spec
 
 

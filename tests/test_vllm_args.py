@@ -9,12 +9,22 @@ import stat
 import subprocess
 
 import pytest
-
 from flashserve.api.validation import parse_spec
-from flashserve.bench.prom import bucket_quantile
-from flashserve.layout import layout
-from flashserve.vllm_args import START_RANK_SCRIPT, command, engine_env, itl_buckets, ttft_buckets, vllm_args
-from flashserve.vllm_flags import DEFAULT_ITL_BUCKETS, DEFAULT_TTFT_BUCKETS, lookup
+from flashserve.facts.layout import layout
+from flashserve.facts.vllm_flags import (
+    DEFAULT_ITL_BUCKETS,
+    DEFAULT_TTFT_BUCKETS,
+    lookup,
+)
+from flashserve.render.vllm_args import (
+    START_RANK_SCRIPT,
+    command,
+    engine_env,
+    itl_buckets,
+    ttft_buckets,
+    vllm_args,
+)
+from flashserve_testbed.bench.prom import bucket_quantile
 
 WIDE_EP = {
     "parallelism": {"nodesPerReplica": 2, "all2allBackend": "deepep_low_latency", "dbo": {"enabled": True},

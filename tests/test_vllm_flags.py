@@ -8,22 +8,19 @@ import re
 import typing
 
 import pytest
-
 from flashserve.api import v1alpha1 as api
 from flashserve.api.crd import generate_crd
 from flashserve.api.validation import parse_spec
-from flashserve.layout import layout
-from flashserve.vllm_args import (
+from flashserve.facts.layout import layout
+from flashserve.facts.managed import (
     MANAGED_DESTS,
     REFUSED_DESTS,
     SECRET_DESTS,
-    START_RANK_SCRIPT,
     extra_args_errors,
     managed_arg_pattern,
     managed_flag_of,
-    vllm_args,
 )
-from flashserve.vllm_flags import (
+from flashserve.facts.vllm_flags import (
     ALL2ALL_BACKENDS,
     BY_DEST,
     CUDAGRAPH_MODES,
@@ -33,6 +30,7 @@ from flashserve.vllm_flags import (
     resolve,
     spellings,
 )
+from flashserve.render.vllm_args import START_RANK_SCRIPT, vllm_args
 
 # Sub-keys of the JSON-valued managed settings, for their `--flag.key=value` spellings.
 SUB_KEYS = {

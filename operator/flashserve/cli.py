@@ -1,10 +1,15 @@
 """The `flashserve` command. Each subcommand lives in its own module and is imported only when used,
-so `flashserve render` stays fast and does not load the controller or the engine."""
+so `flashserve render` stays fast and does not load the controller.
+
+The product's commands are below. Packages installed beside it add theirs through the `flashserve.commands`
+entry point group (a dict like COMMANDS): the test bed (testbed/) adds `cluster`, `demo`, `load`, `bench` and
+the mocks that way, so the operator image, which installs the product alone, has none of them."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from importlib.metadata import entry_points
 
 # name -> (module:function taking argv, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -12,27 +17,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("flashserve.commands.crd:main", "print the generated CustomResourceDefinition"),
     "validate": ("flashserve.commands.render:validate_main", "check a DeepSeekServing file; exit 2 with the field on error"),
     "run": ("flashserve.controller.main:main", "run the operator (kopf) against the current kubeconfig"),
-    "cluster": ("flashserve.localcluster.cli:main", "bring the local control plane with KWOK Blackwell nodes up or down"),
-    "mock-engine": ("flashserve.engine.cli:main", "run the CPU mock of `vllm serve` (API, metrics, speed model)"),
-    "mock-runtime": ("flashserve.runtime.cli:main", "run mock engines for pods on simulated nodes (local cluster)"),
-    "load": ("flashserve.loadgen.cli:main", "drive agentic multi-turn load against an OpenAI endpoint"),
-    "bench": ("flashserve.bench.cli:main", "benchmarks (autoscale)"),
-    "demo": ("flashserve.demo:main", "local cluster + operator + mock engines + autoscaling under agentic load"),
 }
 
 
-def usage() -> str:
-    width = max(map(len, COMMANDS))
+def commands() -> dict[str, tuple[str, str]]:
+    """The product's commands, then those of installed extensions (which cannot replace a product command)."""
+    found = dict(COMMANDS)
+    for ep in entry_points(group="flashserve.commands"):
+        for name, entry in ep.load().items():
+            found.setdefault(name, entry)
+    return found
+
+
+def usage(found: dict[str, tuple[str, str]]) -> str:
+    width = max(map(len, found))
     lines = ["usage: flashserve COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in found.items()]
+    if len(found) == len(COMMANDS):
+        lines += ["", "(the test bed's commands: cluster, demo, load, bench, mock-engine, mock-runtime, need",
+                  " `pip install ./testbed`; `make install` installs it)"]  # fmt: skip
     lines += ["", "Run `flashserve COMMAND --help` for a command's options."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    found = commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
+        print(usage(found))
         return 0
     if argv[0] in ("-V", "--version", "version"):
         from flashserve import __version__
@@ -40,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"flashserve: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+    if name not in found:
+        print(f"flashserve: unknown command {name!r}\n\n{usage(found)}", file=sys.stderr)
         return 2
-    target, _ = COMMANDS[name]
+    target, _ = found[name]
     module, func = target.split(":")
     return int(getattr(importlib.import_module(module), func)(rest) or 0)
 

@@ -6,11 +6,14 @@ import math
 import random
 
 import pytest
+from flashserve.autoscaling import PolicyConfig
+from flashserve.autoscaling.capacity import (
+    CapacityModel,
+    CapacityPrior,
+    capacity_through,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from flashserve.autoscaling import PolicyConfig
-from flashserve.autoscaling.capacity import CapacityModel, CapacityPrior, capacity_through
 
 from .toy import curve
 

@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-
 from flashserve.autoscaling import metrics
 from flashserve.autoscaling.promql import Queries
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from flashserve.autoscaling.peak import BUCKETS, PeakMemory
 
 WINDOW = 1600.0  # buckets of 200 s

@@ -7,9 +7,15 @@ import random
 from dataclasses import replace
 
 import pytest
-
 from flashserve.api.v1alpha1 import AutoscalingSpec
-from flashserve.autoscaling import MetricsSnapshot, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts, decide
+from flashserve.autoscaling import (
+    MetricsSnapshot,
+    PolicyConfig,
+    PolicyInputs,
+    PolicyState,
+    ReplicaCounts,
+    decide,
+)
 from flashserve.autoscaling import policy as P
 from flashserve.autoscaling.capacity import capacity_through
 

@@ -6,7 +6,6 @@ import random
 import re
 
 import pytest
-
 from flashserve.autoscaling.metrics import assemble
 from flashserve.autoscaling.promql import Queries, selector
 

@@ -6,7 +6,6 @@ import math
 import random
 
 import pytest
-
 from flashserve.autoscaling import PolicyConfig
 from flashserve.autoscaling.trend import DemandTrend
 

@@ -8,8 +8,15 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flashserve.autoscaling import Decision, MetricsSnapshot, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts
-from flashserve.autoscaling import decide
+from flashserve.autoscaling import (
+    Decision,
+    MetricsSnapshot,
+    PolicyConfig,
+    PolicyInputs,
+    PolicyState,
+    ReplicaCounts,
+    decide,
+)
 
 LOW_LOAD = PolicyConfig().prior_low_load_tokens_per_s  # tok/s per user, idle replica
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from flashserve.bench.calibrate import Calibration, Point
-from flashserve.bench.workloads import Nominal, Scenario
-from flashserve.engine import profile as profiles
+from flashserve_testbed.bench.calibrate import Calibration, Point
+from flashserve_testbed.bench.workloads import Nominal, Scenario
+from flashserve_testbed.engine import profile as profiles
 
 DATA = Path(__file__).with_name("data")
 SAMPLE_TRACE = DATA / "agentic-sample.jsonl"

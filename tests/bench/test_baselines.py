@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from flashserve.bench.baselines import aibrix_apa, dynamo, hpa, kpa, wva
+from flashserve_testbed.bench.baselines import aibrix_apa, dynamo, hpa, kpa, wva
 
 # ---------------------------------------------------------------------------------------------- HPA
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from flashserve.bench import cli, fluid
-from flashserve.bench.calibrate import load_test
-from flashserve.bench.fleet import CACHE_UNIT_TOKENS
-from flashserve.bench.policies import PolicySpec, build
-from flashserve.bench.sim import Settings, Simulation, Workload
+from flashserve_testbed.bench import cli, fluid
+from flashserve_testbed.bench.calibrate import load_test
+from flashserve_testbed.bench.fleet import CACHE_UNIT_TOKENS
+from flashserve_testbed.bench.policies import PolicySpec, build
+from flashserve_testbed.bench.sim import Settings, Simulation, Workload
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -5,9 +5,19 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from flashserve.bench.measures import Recorder, need_at, oracle_gpu_hours, summarize, weighted_quantile
-from flashserve.bench.prom import Prometheus, Sample, bucket_quantile, extrapolated_rate
+from flashserve_testbed.bench.measures import (
+    Recorder,
+    need_at,
+    oracle_gpu_hours,
+    summarize,
+    weighted_quantile,
+)
+from flashserve_testbed.bench.prom import (
+    Prometheus,
+    Sample,
+    bucket_quantile,
+    extrapolated_rate,
+)
 
 
 def test_rate_of_a_steady_counter_is_its_slope():
@@ -99,7 +109,7 @@ def test_oracle_on_minute_averages_ignores_blips():
 
 
 def test_policy_snapshot_reads_the_speed_of_the_requests_that_decoded():
-    from flashserve.bench.policies import snapshot
+    from flashserve_testbed.bench.policies import snapshot
 
     prom = Prometheus(itl_bounds=(0.005, 0.01, 0.02), ttft_bounds=(1.0, 2.0, 3.0))
     for k in range(5):

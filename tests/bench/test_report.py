@@ -7,10 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-from flashserve.bench import report
-from flashserve.bench.cli import main
-from flashserve.bench.measures import Result
+from flashserve_testbed.bench import report
+from flashserve_testbed.bench.cli import main
+from flashserve_testbed.bench.measures import Result
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bench"
 

@@ -6,11 +6,10 @@ import json
 from dataclasses import replace
 
 import pytest
-
-from flashserve.bench import cli
-from flashserve.bench.fleet import CACHE_UNIT_TOKENS
-from flashserve.bench.policies import PolicySpec, build
-from flashserve.bench.sim import Settings, Simulation, Workload, run_oracle
+from flashserve_testbed.bench import cli
+from flashserve_testbed.bench.fleet import CACHE_UNIT_TOKENS
+from flashserve_testbed.bench.policies import PolicySpec, build
+from flashserve_testbed.bench.sim import Settings, Simulation, Workload, run_oracle
 
 from .conftest import SAMPLE_TRACE
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flashserve.bench.workloads import (
+from flashserve_testbed.bench.workloads import (
     SCENARIOS,
     Nominal,
     Session,

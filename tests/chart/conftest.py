@@ -28,7 +28,7 @@ def _helm_path() -> str | None:
     if os.environ.get("HELM"):
         return os.environ["HELM"]
     try:
-        from flashserve.localcluster import ToolchainMissing, toolchain_bin
+        from flashserve_testbed.localcluster import ToolchainMissing, toolchain_bin
 
         try:
             return str(toolchain_bin() / "helm")

@@ -130,11 +130,10 @@ def test_install_manifest_is_the_rendered_chart(helm):
 
 def test_namespaced_rules_match_what_the_code_does(render):
     """Derive the API use from the operator's code and compare with the chart's role, both ways."""
-    import kopf
-
     import flashserve.controller.handlers  # noqa: F401  (registers the watches)
+    import kopf
     from flashserve.controller import kube
-    from flashserve.render import render as render_serving
+    from flashserve.render.renderer import render as render_serving
 
     role = _rules(render().find("ClusterRole", OP))
     assert role == NAMESPACED_ACCESS
@@ -373,7 +372,7 @@ def test_service_monitor_selects_the_metrics_service(render):
 
 def test_pod_monitor_selects_the_engine_pods_the_operator_renders(render):
     """The PodMonitor's selector and port must match what the renderer puts on engine pods."""
-    from flashserve.render import render as render_serving
+    from flashserve.render.renderer import render as render_serving
 
     objs = render_serving(_FULL_SERVING)
     sts = next(o for o in objs if o["kind"] == "StatefulSet")
@@ -562,7 +561,8 @@ def test_dockerfile_shape():
     """The image cannot be built in this test suite (no container engine); check its shape instead."""
     text = (ROOT / "Dockerfile").read_text()
     froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
-    assert [name for _, name in froms] == ["builder", "runtime", "mock-engine", "operator"]
+    assert [name for _, name in froms] == ["builder", "mock-builder", "product-env", "mock-env", "runtime",
+                                           "mock-engine", "operator"]
     base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", text, re.M).group(1)
     assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), "pin an exact slim tag"
     final = text[text.index("AS runtime"):]
@@ -570,5 +570,11 @@ def test_dockerfile_shape():
     assert 'ENTRYPOINT ["flashserve", "run"]' in text.split("AS operator")[1]
     assert 'ENTRYPOINT ["vllm"]' in text.split("AS mock-engine")[1].split("AS operator")[0]
     assert "FLASHSERVE_MOCK_BIND_ANY=1" in text
+    # The operator image gets the product's environment; only the mock's stages see the test bed.
+    operator_stage = text.split("AS operator")[1]
+    assert "COPY --from=product-env /opt/flashserve" in operator_stage and "testbed" not in operator_stage
+    product_env = text.split("AS product-env")[1].split("\nFROM ")[0]
+    assert "testbed" not in text.split("AS builder")[1].split("AS mock-builder")[0] + product_env
+    assert "COPY --from=mock-env /opt/flashserve" in text.split("AS mock-engine")[1].split("AS operator")[0]
     ignore = (ROOT / ".dockerignore").read_text().split()
-    assert ignore[ignore.index("*") + 1:][:3] == ["!pyproject.toml", "!README.md", "!operator/"]
+    assert ignore[ignore.index("*") + 1:][:4] == ["!pyproject.toml", "!README.md", "!operator/", "!testbed/"]

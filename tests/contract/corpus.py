@@ -13,7 +13,6 @@ import typing
 from pathlib import Path
 
 import yaml
-
 from flashserve.api import v1alpha1 as api
 from flashserve.api.validation import SpecError, parse_spec
 

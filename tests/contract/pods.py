@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from flashserve.render import render
+from flashserve.render.renderer import render
 
 _RECORDER = '#!/bin/sh\nexec "$PYTHON" -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@"\n'
 

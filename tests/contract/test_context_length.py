@@ -9,6 +9,7 @@ import json
 import random
 
 from flashserve.api import context_length
+
 from tests.contract.conftest import run_in_vllm
 
 HANDWRITTEN = [

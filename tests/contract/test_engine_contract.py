@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from flashserve.api import v1alpha1 as api
+from flashserve.api.validation import SpecError, parse_serving
+from flashserve.facts import vllm_rules
+from flashserve.facts.accelerators import ACCELERATORS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.contract.conftest import check_engines
 from tests.contract.corpus import corpus
-from flashserve import vllm_rules
-from flashserve.accelerators import ACCELERATORS
-from flashserve.api import v1alpha1 as api
-from flashserve.api.validation import SpecError
-from flashserve.api.validation import parse_serving
 from tests.contract.pods import engine_pods
 
 LEVELS = ("parse", "serve", "args", "config")

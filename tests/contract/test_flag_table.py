@@ -1,4 +1,4 @@
-"""The flag table (operator/flashserve/vllm_flags.json) against the real vLLM 0.33.0 parser: regenerating it
+"""The flag table (operator/flashserve/facts/vllm_flags.json) against the real vLLM 0.33.0 parser: regenerating it
 gives the checked-in file, and every spelling the extraArgs guard refuses does what the guard says to vLLM:
 it sets the managed setting the guard names, or vLLM refuses it (ambiguous prefixes, values on switches)."""
 
@@ -8,8 +8,9 @@ import difflib
 import json
 from pathlib import Path
 
-from flashserve import vllm_flags
-from flashserve.vllm_args import REFUSED_DESTS, extra_args_errors, managed_flag_of
+from flashserve.facts import vllm_flags
+from flashserve.facts.managed import REFUSED_DESTS, extra_args_errors, managed_flag_of
+
 from tests.contract.conftest import run_in_vllm
 from tests.test_vllm_flags import SUB_KEYS
 

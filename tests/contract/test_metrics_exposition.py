@@ -20,8 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
-
-from flashserve.bench.prom import bucket_quantile
+from flashserve_testbed.bench.prom import bucket_quantile
 
 from ..engine.conftest import start_mock
 from .conftest import run_in_vllm

@@ -54,7 +54,7 @@ def mock_env(**extra: str) -> dict[str, str]:
 
 
 def start_mock(args: list[str], **env: str) -> MockServer:
-    cmd = [sys.executable, "-m", "flashserve.engine.cli", "serve", *args, "--port", "0"]
+    cmd = [sys.executable, "-m", "flashserve_testbed.engine.cli", "serve", *args, "--port", "0"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=mock_env(**env))
     log: list[str] = []
     deadline = time.monotonic() + 30

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from flashserve.engine.args import ArgsError, check_host, parse
-from flashserve.engine.cli import main, vllm_main
-from flashserve.engine.stats import Histogram, one_two_five
+from flashserve_testbed.engine.args import ArgsError, check_host, parse
+from flashserve_testbed.engine.cli import main, vllm_main
+from flashserve_testbed.engine.stats import Histogram, one_two_five
 
 MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
 
@@ -131,7 +130,7 @@ _SAMPLE_REFUSED_BY_MOCK = {"attention_backend", "kv_cache_dtype", "data_parallel
 
 
 def test_every_option_string_of_the_table_is_accepted_in_each_spelling():
-    from flashserve import vllm_flags
+    from flashserve.facts import vllm_flags
 
     checked = 0
     for option in vllm_flags.OPTIONS:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from flashserve.engine import profile as profiles
-from flashserve.engine.curve import concurrency_at_speed, simulate
-from flashserve.engine.perfmodel import Engine, EngineConfig
-from flashserve.vllm_args import itl_buckets
+from flashserve.render.vllm_args import itl_buckets
+from flashserve_testbed.engine import profile as profiles
+from flashserve_testbed.engine.curve import concurrency_at_speed, simulate
+from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 
 pytestmark = pytest.mark.timeout(120)
 

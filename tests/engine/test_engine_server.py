@@ -11,8 +11,7 @@ import urllib.request
 
 import openai
 import pytest
-
-from flashserve.engine.tokenizer import count_tokens, render_chat
+from flashserve_testbed.engine.tokenizer import count_tokens, render_chat
 
 from .conftest import mock_env
 
@@ -192,7 +191,7 @@ def test_metrics_names_types_labels_and_buckets(mock_server):
 
 
 def test_default_buckets_are_vllms(mock_server):
-    from flashserve.vllm_flags import DEFAULT_ITL_BUCKETS, DEFAULT_TTFT_BUCKETS
+    from flashserve.facts.vllm_flags import DEFAULT_ITL_BUCKETS, DEFAULT_TTFT_BUCKETS
 
     srv = mock_server([MODEL], **FAST)
     srv.wait_ready()
@@ -217,7 +216,7 @@ def test_engine_label_follows_data_parallel_start_rank(mock_server):
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flashserve.engine.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flashserve_testbed.engine.cli", *args], capture_output=True,
                           text=True, timeout=30, env=mock_env(**env))
 
 

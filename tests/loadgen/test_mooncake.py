@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-from flashserve.loadgen.mooncake import BLOCK_TOKENS, PromptBuilder, TraceRecord, load, parse_line
+from flashserve_testbed.loadgen.mooncake import (
+    BLOCK_TOKENS,
+    PromptBuilder,
+    TraceRecord,
+    load,
+    parse_line,
+)
 
 
 def test_parse_a_line():

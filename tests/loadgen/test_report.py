@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from flashserve.loadgen.report import LoadReport, RequestRecord, percentile, percentiles, sla_attainment
+from flashserve_testbed.loadgen.report import (
+    LoadReport,
+    RequestRecord,
+    percentile,
+    percentiles,
+    sla_attainment,
+)
 
 
 def rec(start, first, end, tokens, session=0, error=None, prompt=1000, cached=800) -> RequestRecord:

@@ -7,13 +7,12 @@ import json
 from dataclasses import replace
 
 import pytest
-
-from flashserve.engine.args import parse
-from flashserve.engine.profile import LogNormal
-from flashserve.engine.replica import MockSettings
-from flashserve.engine.server import serve
-from flashserve.loadgen import Workload, replay_trace, run_load
-from flashserve.loadgen.cli import main as load_main
+from flashserve_testbed.engine.args import parse
+from flashserve_testbed.engine.profile import LogNormal
+from flashserve_testbed.engine.replica import MockSettings
+from flashserve_testbed.engine.server import serve
+from flashserve_testbed.loadgen import Workload, replay_trace, run_load
+from flashserve_testbed.loadgen.cli import main as load_main
 
 pytestmark = pytest.mark.timeout(120)
 SCALE = 10.0

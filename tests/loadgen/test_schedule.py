@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from flashserve.loadgen.schedule import from_doc, load, parse, seconds
+from flashserve_testbed.loadgen.schedule import from_doc, load, parse, seconds
 
 
 def test_ramp_hold_burst_step_down():

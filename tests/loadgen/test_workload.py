@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from flashserve.engine.profile import LogNormal
-from flashserve.loadgen.workload import Session, Words, Workload
+from flashserve_testbed.engine.profile import LogNormal
+from flashserve_testbed.loadgen.workload import Session, Words, Workload
 
 
 def test_words_are_exactly_four_characters_a_token():

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from flashserve.router.affinity import (Policy, PrefixIndex, SessionTable, block_hashes, choose, prompt_text,
-                                        session_key)
+from flashserve_testbed.router.affinity import (
+    Policy,
+    PrefixIndex,
+    SessionTable,
+    block_hashes,
+    choose,
+    prompt_text,
+    session_key,
+)
 
 P = Policy(slack_abs=2, slack_rel=0.5)
 

@@ -10,9 +10,8 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-
-from flashserve.router import Policy, Router
-from flashserve.router.server import ENDPOINT_HEADER
+from flashserve_testbed.router import Policy, Router
+from flashserve_testbed.router.server import ENDPOINT_HEADER
 
 pytestmark = pytest.mark.timeout(60)
 GAP = 0.3

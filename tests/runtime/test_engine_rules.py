@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from flashserve.runtime.engine import address_free, backoff_seconds
-from flashserve.runtime.runtime import runnable
+from flashserve_testbed.runtime.engine import address_free, backoff_seconds
+from flashserve_testbed.runtime.runtime import runnable
 
 KWOK = {"metadata": {"name": "n", "annotations": {"kwok.x-k8s.io/node": "fake"}}}
 REAL = {"metadata": {"name": "n"}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from flashserve.runtime.filesd import EngineTarget, target_groups, write_targets
+from flashserve_testbed.runtime.filesd import EngineTarget, target_groups, write_targets
 
 A = EngineTarget("127.64.0.1", 8000, "demo", "flash-g1-0", "flash", "1", "gb200-r0-n00")
 B = EngineTarget("127.64.1.1", 8000, "demo", "flash-g0-0", "flash", "0")

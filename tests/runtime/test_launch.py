@@ -6,11 +6,18 @@ import ipaddress
 
 import pytest
 import yaml
-
-from flashserve.render import render
-from flashserve.runtime.launch import (LaunchSettings, api_port, build_launch, choose_profile, cluster_shift,
-                                       duration_seconds, group_nodes, loopback_address)
-from flashserve.vllm_args import START_RANK_SCRIPT
+from flashserve.render.renderer import render
+from flashserve.render.vllm_args import START_RANK_SCRIPT
+from flashserve_testbed.runtime.launch import (
+    LaunchSettings,
+    api_port,
+    build_launch,
+    choose_profile,
+    cluster_shift,
+    duration_seconds,
+    group_nodes,
+    loopback_address,
+)
 
 from ..conftest import ROOT
 

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import pytest
-
-from flashserve.runtime.podenv import PLACEHOLDER, EnvError, command_line, expand, quantity, resolve_env
-from flashserve.vllm_args import START_RANK_SCRIPT
+from flashserve.render.vllm_args import START_RANK_SCRIPT
+from flashserve_testbed.runtime.podenv import (
+    PLACEHOLDER,
+    EnvError,
+    command_line,
+    expand,
+    quantity,
+    resolve_env,
+)
 
 POD = {
     "metadata": {"name": "flash-g0-1", "namespace": "demo", "uid": "u-1",

@@ -10,11 +10,10 @@ import os
 import signal
 
 import pytest
-
-from flashserve.router import Router
-from flashserve.runtime.engine import ProbeSettings
-from flashserve.runtime.launch import LaunchSettings, default_engine_bin
-from flashserve.runtime.runtime import Runtime, RuntimeSettings
+from flashserve_testbed.router import Router
+from flashserve_testbed.runtime.engine import ProbeSettings
+from flashserve_testbed.runtime.launch import LaunchSettings, default_engine_bin
+from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
 
 from .test_launch import node, pod_from_sample
 

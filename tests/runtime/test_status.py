@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flashserve.runtime import status
+from flashserve_testbed.runtime import status
 
 NOW = "2026-01-01T00:00:10Z"
 

@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
-from flashserve import vllm_rules
 from flashserve.api import v1alpha1 as api
-from flashserve.vllm_args import managed_arg_pattern
+from flashserve.facts import vllm_rules
+from flashserve.facts.managed import managed_arg_pattern
 
 _MODELS: dict[str, type[BaseModel]] = {
     name: cls

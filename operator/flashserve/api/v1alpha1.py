@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from flashserve.accelerators import AcceleratorName
 from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
+from flashserve.facts.accelerators import AcceleratorName
 
 GROUP = "flashserve.io"
 VERSION = "v1alpha1"

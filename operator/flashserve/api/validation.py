@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from flashserve import vllm_rules
-from flashserve.accelerators import accelerator
 from flashserve.api import context_length
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
-from flashserve.layout import layout
-from flashserve.vllm_args import MANAGED_ENV, extra_args_errors
-
+from flashserve.facts import vllm_rules
+from flashserve.facts.accelerators import accelerator
+from flashserve.facts.layout import layout
+from flashserve.facts.managed import MANAGED_ENV, extra_args_errors
 
 _K8S_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _DNS_LABEL = re.compile(r"(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")

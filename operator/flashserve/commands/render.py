@@ -12,8 +12,7 @@ import sys
 import yaml
 
 from flashserve.api.validation import FieldError, SpecError, parse_serving
-from flashserve.render import render_serving
-
+from flashserve.render.renderer import render_serving
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64  # far deeper than any DeepSeekServing; the YAML composer recurses once per level

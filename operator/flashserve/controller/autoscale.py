@@ -23,13 +23,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.metrics import fetch_async
-from flashserve.autoscaling.policy import Decision, PolicyConfig, PolicyInputs, PolicyState, ReplicaCounts, decide
+from flashserve.autoscaling.policy import (
+    Decision,
+    PolicyConfig,
+    PolicyInputs,
+    PolicyState,
+    ReplicaCounts,
+    decide,
+)
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import Observed
 from flashserve.controller.plan import group_states
 from flashserve.controller.status import Cond
-from flashserve.layout import layout
-from flashserve.naming import serving_label_value
+from flashserve.facts.layout import layout
+from flashserve.render.naming import serving_label_value
 
 STATE_ANNOTATION = "flashserve.io/autoscaler-state"
 PERSIST_EVERY_S = 300.0

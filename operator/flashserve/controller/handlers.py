@@ -23,7 +23,11 @@ import kopf
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 from flashserve.controller.observe import Observed, pod_view, serving_key, slim
 from flashserve.controller.reconciler import Controller
-from flashserve.naming import MANAGED_BY, legacy_serving_label_value, serving_label_value
+from flashserve.render.naming import (
+    MANAGED_BY,
+    legacy_serving_label_value,
+    serving_label_value,
+)
 
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 _wakeups: dict[tuple[str, str], asyncio.Event] = {}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flashserve.naming import GROUP_LABEL, SERVING_LABEL
-from flashserve.render import TEMPLATE_HASH_ANNOTATION
+from flashserve.render.naming import GROUP_LABEL, SERVING_LABEL
+from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
 
 
 @dataclass(frozen=True)

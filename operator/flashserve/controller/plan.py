@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.controller.observe import Observed, PodView, is_subset, statefulset_of
-from flashserve.layout import layout
-from flashserve.naming import (
+from flashserve.facts.layout import layout
+from flashserve.render.cache import CACHE, RenderCache, spec_digest
+from flashserve.render.naming import (
     GROUP_LABEL,
     compute_domain_name,
     group_name,
@@ -33,11 +34,10 @@ from flashserve.naming import (
     legacy_serving_label_value,
     network_policy_name,
     pdb_name,
-    serving_label_value,
     service_name,
+    serving_label_value,
 )
-from flashserve.render import TEMPLATE_HASH_ANNOTATION, template_hash
-from flashserve.render_cache import CACHE, RenderCache, spec_digest
+from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION, template_hash
 
 CHANNEL_SUFFIX = "-channel"  # a ComputeDomain's channel ResourceClaimTemplate is `<computedomain>-channel`
 

@@ -22,7 +22,12 @@ from kubernetes.client.rest import ApiException
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.api.validation import SpecError, parse_spec
 from flashserve.controller.kube import Kube
-from flashserve.controller.observe import Observed, controller_uid, owned, statefulset_of
+from flashserve.controller.observe import (
+    Observed,
+    controller_uid,
+    owned,
+    statefulset_of,
+)
 from flashserve.controller.plan import Plan, plan
 from flashserve.controller.status import (
     Cond,
@@ -34,9 +39,14 @@ from flashserve.controller.status import (
     previous_conditions,
     transitions,
 )
-from flashserve.naming import GROUP_LABEL, MANAGED_BY, SERVING_LABEL, serving_label_value
-from flashserve.render import endpoint, selector_string
-from flashserve.render_cache import CACHE
+from flashserve.render.cache import CACHE
+from flashserve.render.naming import (
+    GROUP_LABEL,
+    MANAGED_BY,
+    SERVING_LABEL,
+    serving_label_value,
+)
+from flashserve.render.renderer import endpoint, selector_string
 
 API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 

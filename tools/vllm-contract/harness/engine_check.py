@@ -36,8 +36,8 @@ import json
 import os
 import shutil
 import sys
-import time
 import tempfile
+import time
 import traceback
 import types
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Writes operator/flashserve/vllm_flags.json: the `vllm serve` options of the installed vLLM, read from vLLM's
+"""Writes operator/flashserve/facts/vllm_flags.json: the `vllm serve` options of the installed vLLM, read from vLLM's
 own argument parser, built exactly as `vllm serve` builds it (vllm/entrypoints/cli/main.py: a top-level
 FlexibleArgumentParser, `add_subparsers(dest="subparser")`, then ServeSubcommand.subparser_init, which calls
 vllm/entrypoints/common/cli_args.py:make_arg_parser: model_tag, --headless, --api-server-count, --config,
@@ -57,7 +57,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-OUT = Path(__file__).resolve().parents[3] / "operator" / "flashserve" / "vllm_flags.json"
+OUT = Path(__file__).resolve().parents[3] / "operator" / "flashserve" / "facts" / "vllm_flags.json"
 
 # argparse `type` callables, by the name of the innermost function, to the kind of value they accept.
 _TYPE_KINDS = {

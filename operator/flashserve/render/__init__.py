@@ -1,0 +1,1 @@
+"""Spec -> Kubernetes objects: the renderer, the vLLM argument builder, placement and child names."""

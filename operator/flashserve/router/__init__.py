@@ -1,7 +1,0 @@
-"""An OpenAI-compatible router in front of each serving's ready engines, with session and prefix-cache
-affinity and a least-loaded fallback, as an inference gateway does (docs/mock-runtime.md)."""
-
-from flashserve.router.affinity import Policy
-from flashserve.router.server import Router
-
-__all__ = ["Policy", "Router"]

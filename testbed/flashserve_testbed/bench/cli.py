@@ -1,0 +1,491 @@
+"""`flashserve bench ...`: the autoscaling benchmark (docs/autoscaling-benchmark.md).
+
+    flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
+                               [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
+    flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
+    flashserve bench compare A.csv B.csv [--plot PNG]
+    flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
+    flashserve bench trace OUT.jsonl [--minutes 60] [--sessions-per-s 0.5] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+USAGE = """usage: flashserve bench COMMAND [ARGS...]
+
+commands:
+  autoscale  compare autoscalers on simulated agentic traffic (table, CSV, JSON, plots)
+  report     rebuild the table, JSON and plots from saved runs (later files replace reruns)
+  compare    how two sets of the same runs agree, run by run (e.g. --engine fluid against the engine model)
+  speed      time a simulated day for one policy
+  trace      write a synthetic agentic Mooncake-format trace"""
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "autoscale":
+        return autoscale(rest)
+    if cmd == "report":
+        return report_cmd(rest)
+    if cmd == "compare":
+        return compare_cmd(rest)
+    if cmd == "speed":
+        return speed(rest)
+    if cmd == "trace":
+        return trace(rest)
+    print(f"flashserve bench: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+# ------------------------------------------------------------------------------------------ autoscale
+
+
+def _parser() -> argparse.ArgumentParser:
+    from flashserve_testbed.bench.policies import FAMILIES
+    from flashserve_testbed.bench.workloads import SCENARIOS
+
+    p = argparse.ArgumentParser(prog="flashserve bench autoscale", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="CI mode: one short scenario, one seed, no sweeps (about a minute on two cores)")
+    p.add_argument("--json", metavar="PATH", help="write one record per policy (medians) as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write one row per run as CSV")
+    p.add_argument("--out", metavar="DIR", help="write results.{csv,json}, table.md and the plots here")
+    p.add_argument("--seeds", type=int, nargs="+", help="run seeds (default 1 2 3; --quick: 1)")
+    p.add_argument("--scenarios", nargs="+", metavar="NAME",
+                   help=f"synthetic scenarios (default all: {', '.join(SCENARIOS)})")
+    p.add_argument("--trace", action="append", default=[], metavar="FILE",
+                   help="also replay this Mooncake JSONL trace as a scenario (repeatable)")
+    p.add_argument("--policies", nargs="+", metavar="NAME", choices=FAMILIES,
+                   help=f"policy families (default all: {', '.join(FAMILIES)})")
+    p.add_argument("--no-tuned", action="store_true", help="only the baselines' default settings")
+    p.add_argument("--no-sweep", action="store_true", help="skip the knob sweeps")
+    p.add_argument("--sweep-scenarios", nargs="+", metavar="NAME",
+                   help="scenarios of the knob sweeps, on the first seed (default: the first scenario)")
+    p.add_argument("--startups", type=float, nargs="*", metavar="SECONDS",
+                   help="median start-up times of the start-up sweep (default 30 120 1200 besides the profile's)")
+    p.add_argument("--startup-policies", nargs="+", metavar="NAME", choices=FAMILIES,
+                   help="families run in the start-up sweep (default flashserve hpa kpa)")
+    p.add_argument("--minutes", type=float, help="override every scenario's duration (smoke tests)")
+    p.add_argument("--profile", default=None, help="engine profile (default gb200-4gpu)")
+    p.add_argument("--sla", type=float, default=100.0, help="per-user tokens/s target (default 100)")
+    p.add_argument("--gpu-hour-price", type=float, default=None, help="USD per GPU-hour (default 2.30, TCO)")
+    p.add_argument("--all-ranks", action="store_true",
+                   help="simulate every data-parallel rank of a replica, not one representative (4x slower)")
+    p.add_argument("--engine", choices=("model", "fluid"), default="model",
+                   help="model: every request through the engine model (default); fluid: the fluid model, "
+                   "~100x faster, validated against the model in docs/autoscaling-benchmark.md")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--decision-log", metavar="DIR",
+                   help="write FlashServe's decisions (reason, readings) per run as JSON lines here")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def autoscale(argv: list[str]) -> int:
+    from flashserve_testbed.bench import report
+    from flashserve_testbed.bench.calibrate import calibrate
+    from flashserve_testbed.bench.measures import GPU_HOUR_PRICE_USD
+    from flashserve_testbed.bench.policies import (
+        FAMILIES,
+        PolicySpec,
+        sweep_specs,
+        table_specs,
+    )
+    from flashserve_testbed.bench.runner import Plan, execute
+    from flashserve_testbed.bench.sim import Settings
+    from flashserve_testbed.bench.workloads import (
+        QUICK_SCENARIO,
+        SCENARIOS,
+        Scenario,
+        read_mooncake,
+    )
+    from flashserve_testbed.engine.profile import load as load_profile
+
+    args = _parser().parse_args(argv)
+    progress = None if args.quiet else _progress
+    if args.engine == "fluid" and (args.trace or args.all_ranks):
+        print("flashserve bench autoscale: --engine fluid replays synthetic sessions on one representative rank "
+              "per replica; drop --trace/--all-ranks or use --engine model", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        profile = load_profile(args.profile)
+    except ValueError as exc:
+        print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
+        return 2
+    if args.quick:
+        scenarios = [QUICK_SCENARIO]
+        seeds = args.seeds or [1]
+    else:
+        names = args.scenarios or list(SCENARIOS)
+        unknown = [n for n in names if n not in SCENARIOS]
+        if unknown:
+            print(f"flashserve bench autoscale: unknown scenario {unknown[0]!r}: choose from "
+                  f"{', '.join(SCENARIOS)}", file=sys.stderr)  # fmt: skip
+            return 2
+        scenarios = [SCENARIOS[n] for n in names]
+        seeds = args.seeds or [1, 2, 3]
+    for path in args.trace:
+        try:
+            reqs = read_mooncake(path)
+        except (OSError, ValueError) as exc:
+            print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
+            return 2
+        span = reqs[-1].t if reqs else 0.0
+        warm = min(300.0, 0.1 * span)
+        scenarios.append(Scenario(name=f"trace-{Path(path).stem}", description=f"replay of {path}",
+                                  duration_s=max(60.0, span - warm), base_replicas=0.0, warmup_s=warm,
+                                  trace=str(path)))  # fmt: skip
+    if args.minutes:
+        scenarios = [s.scaled(duration_s=args.minutes * 60.0) for s in scenarios]
+    families = tuple(args.policies or FAMILIES)
+    table = [s for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
+    settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
+                        all_ranks=args.all_ranks, decisions=bool(args.decision_log),
+                        engine=args.engine)  # fmt: skip
+    plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
+                timeline_scenario=scenarios[0].name, timeline_seed=seeds[0])  # fmt: skip
+    if not args.quick and not args.no_sweep:
+        plan.sweep = sweep_specs(families)
+        plan.sweep_scenarios = args.sweep_scenarios or [scenarios[0].name]
+        plan.sweep_seeds = [seeds[0]]
+        startups = [30.0, 120.0, 1200.0] if args.startups is None else args.startups
+        if startups:
+            plan.startups = startups
+            fams = args.startup_policies or [f for f in ("flashserve", "hpa", "kpa") if f in families]
+            plan.startup_specs = [PolicySpec(f) for f in fams]
+            plan.startup_scenario = scenarios[0].name
+            plan.startup_seed = seeds[0]
+    t0 = time.monotonic()
+    if progress:
+        progress(f"calibrating {profile.name}: steady-state load test of one engine ...")
+    calib = calibrate(profile, args.sla, quick=args.quick, progress=progress)
+    if progress:
+        progress(f"SLA capacity: {calib.capacity_per_replica:.0f} concurrent requests per replica "
+                 f"({calib.capacity_per_rank:.1f} per GPU) at {calib.target_attainment:.0%} token-weighted "
+                 f"attainment of {args.sla:g} tok/s; {len(plan.tasks())} runs")  # fmt: skip
+    curve = None
+    if args.engine == "fluid":
+        from flashserve_testbed.bench.fluid import build_curve
+
+        curve = build_curve(profile, args.sla, progress=progress)
+    results = execute(plan, profile, calib, jobs=max(1, args.jobs), progress=progress, curve=curve)
+    if args.decision_log:
+        _write_decisions(Path(args.decision_log), results)
+    recs = report.records(results)
+    print(report.text_table(recs))
+    for sc in scenarios:
+        if not any(r.kind == "sweep" and r.scenario == sc.name for r in results):
+            continue
+        cmp_ = report.equal_attainment(results, sc.name)
+        if cmp_ and any(c is not None for _, c in cmp_):
+            cells = ", ".join(f"{f} {c:.2f}" if c is not None else f"{f} never" for f, c in cmp_)
+            print(f"{sc.name}: GPU-hours/oracle to match flashserve's attainment: {cells}")
+    if progress:
+        progress(f"done in {(time.monotonic() - t0) / 60:.1f} min")
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    json_path = args.json or (out / "results.json" if out else None)
+    csv_path = args.csv or (out / "results.csv" if out else None)
+    if json_path:
+        report.write_json(recs, json_path)
+    if csv_path:
+        report.write_csv(results, csv_path)
+    if out:
+        _write_out_dir(out, recs, results, scenarios, seeds, calib, settings, profile, not args.no_plots, progress)
+    return 0
+
+
+def _write_out_dir(out: Path, recs, results, scenarios, seeds, calib, settings, profile, plots: bool,
+                   progress) -> None:  # fmt: skip
+    """What `--out` holds besides results.{csv,json}: table.md, calibration.json and the figures."""
+    _write_markdown(out / "table.md", recs, results, scenarios, seeds, calib, settings, profile)
+    (out / "calibration.json").write_text(json.dumps(_calib_dict(calib), indent=1) + "\n")
+    if plots:
+        _plots(results, out, progress)
+
+
+def _write_decisions(folder: Path, results) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        if r.decisions:
+            name = f"{r.scenario}-seed{r.seed}-{r.policy}-startup{int(r.startup_median_s or 0)}.jsonl"
+            with open(folder / name, "w", encoding="utf-8") as fh:
+                for d in r.decisions:
+                    fh.write(json.dumps(d, separators=(",", ":")) + "\n")
+
+
+def _calib_dict(calib) -> dict:
+    from dataclasses import asdict
+
+    d = asdict(calib)
+    d["capacity_per_replica"] = calib.capacity_per_replica
+    return _round(d)
+
+
+def _round(obj):
+    if isinstance(obj, dict):
+        return {k: _round(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_round(v) for v in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.6g}")
+    return obj
+
+
+def _plots(results, out: Path, progress) -> None:
+    try:
+        from flashserve_testbed.bench import plots
+    except ImportError:  # pragma: no cover - matplotlib is the `plot` extra
+        if progress:
+            progress("matplotlib missing: no plots (pip install flashserve[plot])")
+        return
+    try:
+        written = [plots.attainment_vs_gpu_hours(results, out / "attainment-vs-gpu-hours.png"),
+                   plots.timeline(results, out / "timeline.png"),
+                   plots.startup_sweep(results, out / "startup-sweep.png")]  # fmt: skip
+    except ImportError:
+        if progress:
+            progress("matplotlib missing: no plots (pip install flashserve[plot])")
+        return
+    if progress:
+        progress("plots: " + ", ".join(str(p) for p in written if p))
+
+
+def _write_markdown(path: Path, recs, results, scenarios, seeds, calib, settings, profile) -> None:
+    from flashserve_testbed.bench import report
+
+    lines = [
+        "# Autoscaling benchmark results",
+        "",
+        f"Engine profile `{profile.name}`, SLA {settings.sla_tokens_per_s:g} tok/s per user, seeds "
+        f"{', '.join(map(str, seeds))}, GPU-hour price ${settings.gpu_hour_price:.2f}. SLA capacity from the "
+        f"load test: {calib.capacity_per_replica:.0f} concurrent requests per replica "
+        f"({calib.capacity_per_rank:.1f} per GPU)."
+        + (" Simulated with the fluid model (`--engine fluid`), not the engine model." if settings.engine == "fluid"
+           else ""),
+        "",
+        "## All scenarios (medians over every run; GPU-h is the sum of the per-scenario medians)",
+        "",
+        report.markdown_table(recs),
+    ]
+    for sc in scenarios:
+        lines += ["", f"## {sc.name}", "", sc.description, "", report.markdown_table(recs, sc.name)]
+        swept = any(r.kind == "sweep" and r.scenario == sc.name for r in results)
+        cmp_ = report.equal_attainment(results, sc.name) if swept else []
+        if cmp_:
+            cells = ", ".join(f"{f} {c:.2f}" if c is not None else f"{f} not reached" for f, c in cmp_)
+            lines += ["", f"GPU-hours / oracle each family needs to match flashserve's attainment on the sweep's "
+                          f"seed (its settings and knob sweep; 'not reached': none of them does): {cells}"]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def report_cmd(argv: list[str]) -> int:
+    from flashserve_testbed.bench import report
+    from flashserve_testbed.bench.calibrate import Calibration
+    from flashserve_testbed.bench.measures import GPU_HOUR_PRICE_USD
+    from flashserve_testbed.bench.sim import Settings
+    from flashserve_testbed.bench.workloads import QUICK_SCENARIO, SCENARIOS, Scenario
+    from flashserve_testbed.engine.profile import load as load_profile
+
+    p = argparse.ArgumentParser(
+        prog="flashserve bench report",
+        description="rebuild results.{csv,json}, table.md and the plots from the per-run CSVs of earlier "
+        "`flashserve bench autoscale` runs; a run in a later file replaces the same run (policy, scenario, "
+        "seed, setting) of an earlier one, so one policy can be rerun without rerunning the others",
+    )
+    p.add_argument("csv", nargs="+", metavar="RUNS.csv")
+    p.add_argument("--out", metavar="DIR", required=True)
+    p.add_argument("--calibration", metavar="PATH",
+                   help="calibration.json of the runs (default: DIR/calibration.json)")  # fmt: skip
+    p.add_argument("--profile", default=None, help="engine profile of the runs (default gb200-4gpu)")
+    p.add_argument("--sla", type=float, default=100.0, help="per-user tokens/s target of the runs (default 100)")
+    p.add_argument("--gpu-hour-price", type=float, default=None, help="USD per GPU-hour of the runs (default 2.30)")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    calib_path = Path(args.calibration) if args.calibration else out / "calibration.json"
+    try:
+        batches = [report.read_csv(path) for path in args.csv]
+        try:
+            calib = Calibration.from_dict(json.loads(calib_path.read_text(encoding="utf-8")))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{calib_path}: not a benchmark calibration.json ({exc})") from None
+        profile = load_profile(args.profile)
+    except FileNotFoundError as exc:
+        print(f"flashserve bench report: {exc.filename}: no such file"
+              + (" (pass --calibration: the runs' calibration.json)" if exc.filename == str(calib_path) else ""),
+              file=sys.stderr)  # fmt: skip
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"flashserve bench report: {exc}", file=sys.stderr)
+        return 2
+    results = report.merge(*batches)
+    known = {**SCENARIOS, QUICK_SCENARIO.name: QUICK_SCENARIO}
+    names = list(dict.fromkeys(r.scenario for r in results if r.kind == "table"))
+    scenarios = [known.get(n) or Scenario(name=n, description="", duration_s=0.0, base_replicas=0.0) for n in names]
+    seeds = sorted({r.seed for r in results if r.kind == "table"})
+    settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD)
+    recs = report.records(results)
+    print(report.text_table(recs))
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_json(recs, out / "results.json")
+    report.write_csv(results, out / "results.csv")
+    _write_out_dir(out, recs, results, scenarios, seeds, calib, settings, profile, not args.no_plots, _progress)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ compare
+
+
+def compare_cmd(argv: list[str]) -> int:
+    from flashserve_testbed.bench import report
+
+    p = argparse.ArgumentParser(
+        prog="flashserve bench compare",
+        description="how the runs of A agree with the same runs (policy, scenario, seed, setting) of B: "
+        "attainment difference in points and GPU-hours difference in percent, medians and 90th percentiles "
+        "over all runs and per policy setting",
+    )
+    p.add_argument("a", metavar="A.csv")
+    p.add_argument("b", metavar="B.csv")
+    p.add_argument("--plot", metavar="PNG", help="also draw A against B, run by run")
+    args = p.parse_args(argv)
+    try:
+        pairs = report.paired(report.read_csv(args.a), report.read_csv(args.b))
+    except FileNotFoundError as exc:
+        print(f"flashserve bench compare: {exc.filename}: no such file", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"flashserve bench compare: {exc}", file=sys.stderr)
+        return 2
+    if not pairs:
+        print(f"flashserve bench compare: {args.a} and {args.b} have no run in common (same policy, scenario, "
+              "seed and setting)", file=sys.stderr)  # fmt: skip
+        return 2
+    groups = [("all runs", pairs)]
+    labels = sorted({x.policy for x, _ in pairs}, key=report._order)
+    groups += [(label, [(x, y) for x, y in pairs if x.policy == label]) for label in labels]
+    print(f"{'runs':<22} {'n':>4}  {'|d attainment| pt':>18} {'p90':>6}  {'|d GPU-h| %':>12} {'p90':>6}  "
+          f"{'A median':>16}  {'B median':>16}")  # fmt: skip
+    for label, group in groups:
+        ag = report.agreement(group, label)
+        ma = f"{report.median([x.attainment for x, _ in group]):.2%} {report.median([x.gpu_hours for x, _ in group]):.1f}"
+        mb = f"{report.median([y.attainment for _, y in group]):.2%} {report.median([y.gpu_hours for _, y in group]):.1f}"
+        print(f"{label:<22} {ag.runs:>4}  {ag.attainment_median_pt:>18.2f} {ag.attainment_p90_pt:>6.1f}  "
+              f"{ag.gpu_hours_median_pct:>12.1f} {ag.gpu_hours_p90_pct:>6.1f}  {ma:>16}  {mb:>16}")  # fmt: skip
+    if args.plot:
+        try:
+            from flashserve_testbed.bench import plots
+        except ImportError:  # pragma: no cover - matplotlib is the `plot` extra
+            print("matplotlib missing: no plot (pip install flashserve[plot])", file=sys.stderr)
+            return 0
+        plots.agreement(pairs, Path(args.plot), Path(args.a).parent.name or args.a, Path(args.b).parent.name or args.b)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ speed
+
+
+def speed(argv: list[str]) -> int:
+    from flashserve_testbed.bench.calibrate import calibrate
+    from flashserve_testbed.bench.fleet import CACHE_UNIT_TOKENS
+    from flashserve_testbed.bench.policies import FAMILIES, PolicySpec, build
+    from flashserve_testbed.bench.sim import Settings, Simulation, Workload
+    from flashserve_testbed.bench.workloads import DAY_SCENARIO
+    from flashserve_testbed.engine.profile import load as load_profile
+
+    p = argparse.ArgumentParser(prog="flashserve bench speed", description="time a simulated day for one policy")
+    p.add_argument("--hours", type=float, default=24.0)
+    p.add_argument("--policy", default="flashserve", choices=FAMILIES)
+    p.add_argument("--peak-replicas", type=float, default=2.0, help="demand at the daily peak, in replicas")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--engine", choices=("model", "fluid"), default="model",
+                   help="model: every request through the engine model; fluid: the fluid model")
+    args = p.parse_args(argv)
+    if args.hours <= 0 or args.peak_replicas <= 0:
+        print("flashserve bench speed: --hours and --peak-replicas must be > 0", file=sys.stderr)
+        return 2
+    profile = load_profile(None)
+    calib = calibrate(profile, quick=True)
+    sc = DAY_SCENARIO.scaled(duration_s=args.hours * 3600.0, base_replicas=args.peak_replicas)
+    settings = Settings(engine=args.engine)
+    policy = build(PolicySpec(args.policy), calib, profile.startup.median, 100.0)
+    curve_s = 0.0
+    if args.engine == "fluid":
+        from flashserve_testbed.bench.fluid import (
+            FluidSimulation,
+            FluidWorkload,
+            build_curve,
+        )
+
+        c0 = time.process_time()
+        curve = build_curve(profile, settings.sla_tokens_per_s)
+        curve_s = time.process_time() - c0
+        t0 = time.process_time()
+        w = FluidWorkload(sc, args.seed, profile, calib, CACHE_UNIT_TOKENS)
+        t1 = time.process_time()
+        res = FluidSimulation(w, policy, settings, curve).run()
+    else:
+        t0 = time.process_time()
+        w = Workload(sc, args.seed, profile, calib, CACHE_UNIT_TOKENS, profile.max_model_len)
+        t1 = time.process_time()
+        res = Simulation(w, policy, settings).run()
+    t2 = time.process_time()
+    hours = (sc.duration_s + sc.warmup_s) / 3600.0
+    out = {
+        "policy": args.policy, "engine": args.engine, "simulated_hours": round(hours, 3),
+        "peak_replicas": args.peak_replicas, "replicas_mean": round(res.replicas_mean, 3),
+        "requests": res.requests, "workload_cpu_s": round(t1 - t0, 2), "simulation_cpu_s": round(t2 - t1, 2),
+        "cpu_s_per_simulated_hour": round((t2 - t0) / hours, 2),
+        "us_per_request": round((t2 - t1) / max(1, res.requests) * 1e6, 2),
+        "cpu_s_per_replica_hour": round((t2 - t0) / max(1e-9, hours * res.replicas_mean), 3),
+        "attainment": round(res.attainment, 4), "gpu_hours": round(res.gpu_hours, 2),
+        "oracle_gpu_hours": round(w.oracle_gpu_hours, 2),
+    }  # fmt: skip
+    if args.engine == "fluid":
+        out["load_test_cpu_s"] = round(curve_s, 2)  # one-off, shared by every run of an invocation
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ trace
+
+
+def trace(argv: list[str]) -> int:
+    from flashserve_testbed.bench.workloads import (
+        Nominal,
+        agentic_trace,
+        write_mooncake,
+    )
+    from flashserve_testbed.engine.profile import load as load_profile
+
+    p = argparse.ArgumentParser(prog="flashserve bench trace", description="write a synthetic Mooncake trace")
+    p.add_argument("out")
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--sessions-per-s", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    profile = load_profile(None)
+    # the SLA operating point of the default profile (calibrate.py measures it: ~113 tok/s, ~40 ms TTFT)
+    nominal = Nominal(ttft_s=0.04, tokens_per_s=113.0)
+    n = write_mooncake(args.out, agentic_trace(profile, args.sessions_per_s, args.minutes * 60.0, nominal, args.seed))
+    print(f"wrote {n} requests to {args.out}")
+    return 0

@@ -1,0 +1,227 @@
+"""The serving fleet: replica groups with a start-up lifecycle, a router with session affinity, and billing.
+
+A group is what `spec.replicas` counts (one vLLM replica of `engines_per_replica` data-parallel ranks). It is
+ordered at some time, holds its GPUs from then on, spends its start-up time Pending (node provisioning, image
+pull) and then Running but not ready (weight load, compile, CUDA graphs), serves when ready, and when removed
+stops taking requests, finishes those in flight (drains) and gives its GPUs back. Groups are removed highest
+index first (as the operator does), so a scale-down cancels groups still starting before it drains ready ones.
+
+One engine model instance is one data-parallel rank. By default the simulator runs one representative rank
+per group, with the group's share of sessions for one rank, and weighs its metrics by the rank count
+(docs/autoscaling-benchmark.md: what this keeps and what it loses); `all_ranks` simulates every rank.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from flashserve.render.vllm_args import itl_buckets
+
+from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
+from flashserve_testbed.engine.profile import Profile
+
+CACHE_UNIT_TOKENS = 512  # the engine model's coarse prefix-cache unit (docs/engine-model.md): ~4x faster
+PENDING_SHARE = 0.3  # share of the start-up spent Pending (scheduling, node, image pull) before containers run
+AFFINITY_BOUND = 1.25  # bounded-load affinity: a replica above this x the mean session count sheds sessions
+
+STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
+
+
+def engine_config(profile: Profile, sla: float) -> EngineConfig:
+    cfg = EngineConfig.from_profile(profile, cache_unit_tokens=CACHE_UNIT_TOKENS)
+    # the ITL buckets the operator renders around the SLA (vllm_args.itl_buckets), so quantiles resolve there
+    cfg.buckets = {"inter_token_latency": tuple(itl_buckets(sla, profile.accepted_per_step(cfg.num_speculative_tokens)))}
+    return cfg
+
+
+class Rank:
+    """One data-parallel engine of a group."""
+
+    __slots__ = ("group", "index", "engine", "version", "inflight", "key")
+
+    def __init__(self, group: Group, index: int, engine: Engine) -> None:
+        self.group = group
+        self.index = index
+        self.engine = engine
+        self.version = 0  # bumps whenever the engine's next event may have changed
+        self.inflight = 0
+        self.key = f"{group.pod}/{index}"
+
+
+class Group:
+    __slots__ = ("index", "serial", "pod", "ordered", "startup", "ready_at", "ended", "state", "ranks",
+                 "weight", "sessions", "inflight")  # fmt: skip
+
+    def __init__(self, index: int, serial: int, ordered: float, startup: float) -> None:
+        self.index = index
+        self.serial = serial
+        self.pod = f"g{index}-{serial}"
+        self.ordered = ordered
+        self.startup = startup
+        self.ready_at = ordered + startup
+        self.ended: float | None = None  # GPUs released
+        self.state = STARTING
+        self.ranks: list[Rank] = []
+        self.weight = 1.0  # data-parallel ranks each simulated engine stands for
+        self.sessions = 0  # sessions whose affinity is this group
+        self.inflight = 0  # requests submitted and not finished
+
+    def phase(self, now: float) -> str:
+        """Pod phase as Kubernetes reports it while starting: Pending, then Running (not ready)."""
+        if self.state != STARTING:
+            return self.state
+        return "pending" if now < self.ordered + PENDING_SHARE * self.startup else "running"
+
+    def gpu_seconds(self, gpus: int, start: float, end: float) -> float:
+        lo = max(start, self.ordered)
+        hi = min(end, self.ended if self.ended is not None else end)
+        return max(0.0, hi - lo) * gpus
+
+
+@dataclass
+class FleetCounts:
+    desired: int
+    ready: int
+    starting: int
+    pending_phase: int
+    """Starting groups still in the Pending pod phase (not yet Running): HPA ignores these."""
+
+
+class Fleet:
+    def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
+                 all_ranks: bool = False, engines: bool = True) -> None:  # fmt: skip
+        self.profile = profile
+        self.engines = engines
+        """False: groups get no engine model (the fluid model keeps their state itself)."""
+        self.n_ranks = profile.engines_per_replica if all_ranks else 1
+        self.rank_weight = profile.engines_per_replica / self.n_ranks
+        self.cfg = engine_config(profile, sla)
+        self.seed = seed
+        self.active: list[Group] = []  # index order; len == spec.replicas
+        self.draining: list[Group] = []
+        self.all: list[Group] = []
+        self.serial = 0
+        self.startup_rng = random.Random(seed * 31 + 7)
+        st = profile.startup
+        if startup_median_s is not None:
+            scale = startup_median_s / st.median
+            self.startup_dist = type(st)(startup_median_s, st.sigma, st.minimum * scale, st.maximum * scale)
+        else:
+            self.startup_dist = st
+        self.ready_list: list[Group] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def order(self, now: float, ready: bool = False) -> Group:
+        """Create the next group; `ready` builds it already serving (the initial fleet)."""
+        self.serial += 1
+        startup = 0.0 if ready else self.startup_dist.draw(self.startup_rng)
+        g = Group(len(self.active), self.serial, now, startup)
+        self.active.append(g)
+        self.all.append(g)
+        if ready:
+            self.make_ready(g, now)
+        return g
+
+    def make_ready(self, g: Group, now: float) -> None:
+        g.state = READY
+        g.ready_at = now
+        g.weight = self.rank_weight
+        for i in range(self.n_ranks if self.engines else 0):
+            cfg = EngineConfig(**{**self.cfg.__dict__})
+            eng = Engine(self.profile, seed=(self.seed * 1000 + g.serial) * 16 + i, config=cfg)
+            g.ranks.append(Rank(g, i, eng))
+        self.ready_list = [x for x in self.active if x.state == READY]
+
+    def remove_last(self, now: float) -> Group:
+        g = self.active.pop()
+        if g.state == STARTING:
+            g.state = GONE
+            g.ended = now
+        else:
+            g.state = DRAINING
+            self.draining.append(g)
+            if g.inflight == 0:
+                self.finish_drain(g, now)
+        self.ready_list = [x for x in self.active if x.state == READY]
+        return g
+
+    def finish_drain(self, g: Group, now: float) -> None:
+        g.state = GONE
+        g.ended = now
+        if g in self.draining:
+            self.draining.remove(g)
+
+    def counts(self, now: float) -> FleetCounts:
+        ready = sum(1 for g in self.active if g.state == READY)
+        starting = len(self.active) - ready
+        pend = sum(1 for g in self.active if g.state == STARTING and g.phase(now) == "pending")
+        return FleetCounts(len(self.active), ready, starting, pend)
+
+    def serving(self) -> list[Group]:
+        """Groups whose engines exist and may hold requests (ready or draining)."""
+        return self.ready_list + self.draining
+
+    def gpu_hours(self, start: float, end: float) -> float:
+        gpus = self.profile.gpus_per_replica
+        return sum(g.gpu_seconds(gpus, start, end) for g in self.all) / 3600.0
+
+    # ------------------------------------------------------------------ routing
+    def route_session(self, s) -> Rank | None:
+        """Session affinity with bounded load (consistent hashing with bounded loads): a session stays on its
+        replica, where its prefix is cached, unless that replica is draining or carries more than
+        AFFINITY_BOUND x the mean number of sessions; new and moved sessions go to the replica with the
+        fewest sessions (cold cache there: the whole conversation is prefilled again)."""
+        ready = self.ready_list
+        if not ready:
+            return None
+        g = s.replica
+        if g is None or g.state != READY or g.sessions > AFFINITY_BOUND * sum(x.sessions for x in ready) / len(ready) + 1:
+            target = min(ready, key=lambda x: (x.sessions, x.index))
+            if g is not None:
+                g.sessions -= 1
+            target.sessions += 1
+            s.replica = g = target
+        return pick_rank(g.ranks, s.block_hashes())
+
+    def end_session(self, s) -> None:
+        if s.replica is not None:
+            s.replica.sessions -= 1
+            s.replica = None
+
+    def route_prefix(self, keys: list[int]) -> Rank | None:
+        """For trace replay (no session ids): the engine with the longest cached prefix among those within
+        a small margin of the least loaded, as prefix-aware routers (and vLLM's DP balancer) do."""
+        ranks = [r for g in self.ready_list for r in g.ranks]
+        if not ranks:
+            return None
+        floor = min(r.inflight for r in ranks)
+        slack = max(4, floor // 4)
+        best, best_hit = None, 0
+        for r in ranks:
+            if r.inflight <= floor + slack:
+                hit = r.engine.cached_prefix_units(keys)
+                if hit > best_hit or (hit == best_hit and best is not None and r.inflight < best.inflight):
+                    best, best_hit = r, hit
+        if best is None or best_hit == 0:
+            best = min(ranks, key=lambda r: (r.inflight, r.group.index, r.index))
+        return best
+
+
+def pick_rank(ranks: list[Rank], keys: list[int]) -> Rank:
+    """Within a replica, per request: the rank holding the longest cached prefix among the lightly loaded ones,
+    else vLLM's data-parallel balancer (fewest 4 x waiting + running), as the mock engine routes."""
+    if len(ranks) == 1:
+        return ranks[0]
+    scores = [r.engine.load_score() for r in ranks]
+    floor = min(scores)
+    slack = max(4, floor // 4)
+    best, best_key = None, None
+    for r, sc in zip(ranks, scores):
+        if sc <= floor + slack:
+            key = (r.engine.cached_prefix_units(keys), -sc, -r.index)
+            if best_key is None or key > best_key:
+                best, best_key = r, key
+    if best is None or best_key[0] == 0:
+        return min(ranks, key=lambda r: (r.engine.load_score(), r.index))
+    return best

@@ -1,0 +1,250 @@
+"""Tables, CSV and JSON from a benchmark's results: medians over seeds, one row per policy."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from flashserve_testbed.bench.measures import Result, median
+from flashserve_testbed.bench.policies import FAMILIES
+
+ORDER = ["oracle"] + [f for fam in FAMILIES for f in (fam, f"{fam}-tuned")]
+
+
+def _order(label: str) -> tuple[int, str]:
+    return (ORDER.index(label) if label in ORDER else len(ORDER), label)
+
+
+def _ratio(r: Result) -> float:
+    return r.gpu_hours / r.oracle_gpu_hours if r.oracle_gpu_hours > 0 else math.nan
+
+
+def summarize_runs(runs: list[Result]) -> dict:
+    return {
+        "attainment": median([r.attainment for r in runs]),
+        "gpu_hours": median([r.gpu_hours for r in runs]),
+        "gpu_hours_vs_oracle": median([_ratio(r) for r in runs]),
+        "tokens_per_dollar": median([r.tokens_per_dollar for r in runs]),
+        "output_tokens_per_dollar": median([r.output_tokens_per_dollar for r in runs]),
+        "scale_actions": median([float(r.scale_actions) for r in runs]),
+        "speed_p90": median([r.speed_p90 for r in runs]),
+        "ttft_p90_s": median([r.ttft_p90_s for r in runs]),
+        "step_attainment": median([r.step_attainment for r in runs if r.step_attainment is not None]),
+        "replicas_mean": median([r.replicas_mean for r in runs]),
+        "runs": len(runs),
+    }
+
+
+def records(results: list[Result]) -> list[dict]:
+    """One record per policy setting of the table: medians over every (scenario, seed) run, except
+    `gpu_hours`, the sum over scenarios of the per-scenario medians (the GPU-hours of the whole benchmark)."""
+    table = [r for r in results if r.kind == "table"]
+    by_policy: dict[str, list[Result]] = defaultdict(list)
+    for r in table:
+        by_policy[r.policy].append(r)
+    out = []
+    for label in sorted(by_policy, key=_order):
+        runs = by_policy[label]
+        rec = {"policy": label, **summarize_runs(runs)}
+        per_sc: dict[str, list[Result]] = defaultdict(list)
+        for r in runs:
+            per_sc[r.scenario].append(r)
+        rec["per_scenario"] = {sc: summarize_runs(rs) for sc, rs in sorted(per_sc.items())}
+        rec["gpu_hours"] = sum(v["gpu_hours"] for v in rec["per_scenario"].values())
+        out.append(_clean(rec))
+    return out
+
+
+def _clean(obj):
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, float):
+        return None if math.isnan(obj) else round(obj, 6) if math.isfinite(obj) else None
+    return obj
+
+
+COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("attainment", "attainment", "{:.2%}"),
+    ("step_attainment", "step att.", "{:.1%}"),
+    ("speed_p90", "p90 tok/s", "{:.0f}"),
+    ("ttft_p90_s", "p90 TTFT s", "{:.3f}"),
+    ("gpu_hours", "GPU-h", "{:.1f}"),
+    ("gpu_hours_vs_oracle", "x oracle", "{:.2f}"),
+    ("tokens_per_dollar", "M tok/$", "{}"),
+    ("scale_actions", "actions", "{:.0f}"),
+)
+
+
+def _cell(key: str, fmt: str, value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if key == "tokens_per_dollar":
+        return f"{value / 1e6:.0f}"
+    return fmt.format(value)
+
+
+def markdown_table(recs: list[dict], per_scenario: str | None = None) -> str:
+    head = "| " + " | ".join(h for _, h, _ in COLUMNS) + " |"
+    sep = "|" + "|".join("---" if k == "policy" else "---:" for k, _, _ in COLUMNS) + "|"
+    lines = [head, sep]
+    for rec in recs:
+        row = rec if per_scenario is None else rec.get("per_scenario", {}).get(per_scenario)
+        if row is None:
+            continue
+        cells = [rec["policy"] if k == "policy" else _cell(k, f, row.get(k)) for k, _, f in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def text_table(recs: list[dict]) -> str:
+    rows = [[h for _, h, _ in COLUMNS]]
+    for rec in recs:
+        rows.append([rec["policy"] if k == "policy" else _cell(k, f, rec.get(k)) for k, _, f in COLUMNS])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def write_csv(results: list[Result], path: str | Path) -> None:
+    rows = [r.row() for r in results]
+    if not rows:
+        Path(path).write_text("")
+        return
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def read_csv(path: str | Path) -> list[Result]:
+    """The runs of a CSV that `write_csv` wrote (without timelines and decision logs)."""
+    kinds = {f.name: str(f.type) for f in fields(Result) if f.name not in ("timeline", "decisions")}
+    out = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        columns = reader.fieldnames or []
+        missing = [k for k in ("policy", "scenario", "seed", "attainment", "gpu_hours") if k not in columns]
+        if missing:
+            raise ValueError(f"{path}: not a benchmark results CSV (no column {missing[0]!r})")
+        for n, row in enumerate(reader, start=2):
+            values: dict = {}
+            for name, kind in kinds.items():
+                raw = (row.get(name) or "").strip()
+                try:
+                    if kind.endswith("| None") and raw == "":
+                        values[name] = None
+                    elif kind.startswith("int"):
+                        values[name] = int(float(raw))
+                    elif kind.startswith("float"):
+                        values[name] = float(raw)
+                    else:
+                        values[name] = raw
+                except ValueError:
+                    raise ValueError(f"{path}, line {n}: {name}={raw!r} is not a number") from None
+            out.append(Result(**values))
+    return out
+
+
+def run_key(r: Result) -> tuple:
+    """What identifies a run: the same key in a later file is a rerun of it."""
+    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s)
+
+
+def merge(*runs: list[Result]) -> list[Result]:
+    """Runs of several benchmark invocations, later ones replacing earlier runs with the same key (e.g. one
+    policy rerun after a change, over a full run whose other rows are unchanged: every run is a function of
+    its seed)."""
+    by_key: dict[tuple, Result] = {}
+    for batch in runs:
+        for r in batch:
+            by_key[run_key(r)] = r  # a rerun takes the place (and the position) of the run it replaces
+    return list(by_key.values())
+
+
+def write_json(recs: list[dict], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(recs, indent=1) + "\n", encoding="utf-8")
+
+
+def curves(results: list[Result], scenario: str) -> dict[str, list[tuple[float, float, str]]]:
+    """Per policy family: (GPU-hours / oracle, attainment, label) of every setting run on `scenario`,
+    medians over the seeds, sorted by cost."""
+    groups: dict[str, list[Result]] = defaultdict(list)
+    # where the knobs were swept (on a subset of seeds), compare every setting on those same seeds
+    sweep_seeds = {r.seed for r in results if r.scenario == scenario and r.kind == "sweep"}
+    for r in results:
+        if r.scenario == scenario and r.kind in ("table", "sweep") and r.policy != "oracle":
+            if not sweep_seeds or r.seed in sweep_seeds:
+                groups[r.policy].append(r)
+    fam_points: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for label, runs in groups.items():
+        fam = label.split("@")[0].removesuffix("-tuned")
+        fam_points[fam].append((median([_ratio(r) for r in runs]), median([r.attainment for r in runs]), label))
+    return {f: sorted(p) for f, p in fam_points.items()}
+
+
+def cost_at(points: list[tuple[float, float, str]], attainment: float) -> float | None:
+    """Cheapest cost at which a family's settings reach `attainment`, interpolating between settings along
+    the lower-right frontier; None if no setting reaches it."""
+    frontier = []
+    best = -1.0
+    for cost, att, _ in sorted(points):
+        if att > best:
+            frontier.append((cost, att))
+            best = att
+    for (c0, a0), (c1, a1) in zip(frontier, frontier[1:]):
+        if a0 <= attainment <= a1:
+            return c0 + (c1 - c0) * (attainment - a0) / (a1 - a0) if a1 > a0 else c0
+    if frontier and frontier[0][1] >= attainment:
+        return frontier[0][0]
+    return None
+
+
+def equal_attainment(results: list[Result], scenario: str, ours: str = "flashserve") -> list[tuple[str, float | None]]:
+    """GPU-hours (x oracle) each family needs to match our default's attainment on `scenario`."""
+    cv = curves(results, scenario)
+    mine = [p for p in cv.get(ours, []) if p[2] == ours]
+    if not mine:
+        return []
+    target = mine[0][1]
+    return [(fam, cost_at(pts, target)) for fam, pts in sorted(cv.items())]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How two sets of the same runs agree (e.g. the fluid model against the engine model): per run, the
+    attainment difference in points and the GPU-hours ratio; summarized over a group of runs."""
+
+    label: str
+    runs: int
+    attainment_median_pt: float
+    attainment_p90_pt: float
+    gpu_hours_median_pct: float
+    gpu_hours_p90_pct: float
+
+
+def paired(a: list[Result], b: list[Result]) -> list[tuple[Result, Result]]:
+    """Runs present in both (same policy, scenario, seed and setting), in `a`'s order."""
+    index = {run_key(r): r for r in b}
+    return [(r, index[run_key(r)]) for r in a if run_key(r) in index]
+
+
+def agreement(pairs: list[tuple[Result, Result]], label: str) -> Agreement | None:
+    if not pairs:
+        return None
+    da = sorted(abs(x.attainment - y.attainment) * 100 for x, y in pairs)
+    dg = sorted(abs(x.gpu_hours / y.gpu_hours - 1) * 100 for x, y in pairs if y.gpu_hours > 0)
+
+    def p90(v: list[float]) -> float:
+        return v[max(0, math.ceil(0.9 * len(v)) - 1)] if v else math.nan
+
+    return Agreement(label, len(pairs), median(da), p90(da), median(dg) if dg else math.nan, p90(dg))

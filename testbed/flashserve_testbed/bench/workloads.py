@@ -1,0 +1,379 @@
+"""Traffic for the benchmark: synthetic agentic sessions from a seed, and Mooncake-format trace replay.
+
+Agentic sessions are the profile's calibrated coding-agent workload (engine/profiles/*.yaml `workload`): a
+shared system prompt, a first turn, then turns that resend the whole conversation plus a new tool result, until
+the context passes a per-session limit. Between turns the agent runs a tool (TOOL_GAP), so a session is in the
+engine only part of the time. Sessions start by a non-homogeneous Poisson process whose rate follows the
+scenario's shape (diurnal ramps, flash crowds) plus bursts (a CI fan-out starting many agents at once).
+
+Everything a session does (prompt and output lengths, tool gaps) comes from its own random stream, seeded by
+(run seed, session id): every policy sees exactly the same sessions, whatever the fleet does to their timing.
+
+Mooncake traces are JSON lines `{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}`
+with one hash id per 512-token block of the prompt; they are replayed open loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flashserve_testbed.engine.profile import LogNormal, Profile
+
+# Time an agent spends in its tool between two turns (file reads in well under a second, test runs in tens of
+# seconds): median 4 s, mean ~6.6 s, long tail.
+TOOL_GAP = LogNormal(median=4.0, sigma=1.0, minimum=0.3, maximum=180.0)
+MOONCAKE_BLOCK_TOKENS = 512
+SESSION_ID_SHIFT = 24  # unit ids of a session's private blocks: (sid << 24) | unit index
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One traffic pattern. Demand is sized in replicas: `base_replicas` is the fleet the base session rate
+    needs at the SLA capacity, and the shape multiplies that rate over time."""
+
+    name: str
+    description: str
+    duration_s: float
+    base_replicas: float
+    knots: tuple[tuple[float, float], ...] = ((0.0, 1.0),)
+    """(time s, rate multiplier) points, linear in between and flat beyond the ends."""
+    drift: float = 0.0
+    """Relative amplitude of a slow sinusoidal wander of the rate."""
+    drift_period_s: float = 5400.0
+    bursts_per_hour: float = 0.0
+    burst_minutes: float = 0.0
+    """A burst starts as many sessions as this many minutes of base-rate arrivals..."""
+    burst_spread_s: float = 60.0
+    """...spread over this long."""
+    warmup_s: float = 300.0
+    """Traffic before t=0 on the initial fleet, with no autoscaling, so that caches, queues and metric windows
+    are warm when measuring starts."""
+    trace: str | None = None
+    """Path of a Mooncake JSONL trace to replay instead of synthetic sessions."""
+    startup_median_s: float | None = None
+    """Median replica start-up; None: the engine profile's (7 min for the default profile)."""
+
+    def multiplier(self, t: float) -> float:
+        k = self.knots
+        if t <= k[0][0]:
+            m = k[0][1]
+        elif t >= k[-1][0]:
+            m = k[-1][1]
+        else:
+            m = k[-1][1]
+            for (t0, m0), (t1, m1) in zip(k, k[1:]):
+                if t0 <= t <= t1:
+                    m = m0 + (m1 - m0) * (t - t0) / (t1 - t0) if t1 > t0 else m1
+                    break
+        if self.drift:
+            m *= 1.0 + self.drift * math.sin(2 * math.pi * t / self.drift_period_s)
+        return max(0.0, m)
+
+    def max_multiplier(self) -> float:
+        return max(m for _, m in self.knots) * (1.0 + abs(self.drift))
+
+    def scaled(self, **changes) -> Scenario:
+        values = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        values.update(changes)
+        return Scenario(**values)
+
+
+MIN = 60.0
+HOUR = 3600.0
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="agentic-bursty",
+            description="steady agentic coding traffic with a slow +-15% wander and CI fan-outs: about four "
+            "bursts an hour, each starting 1.5 minutes' worth of sessions within a minute",
+            duration_s=75 * MIN,
+            base_replicas=2.4,
+            drift=0.15,
+            drift_period_s=60 * MIN,
+            bursts_per_hour=4.0,
+            burst_minutes=1.5,
+            burst_spread_s=60.0,
+        ),
+        Scenario(
+            name="diurnal",
+            description="a workday compressed into 100 minutes: night level, a morning ramp to 2.6x over 35 "
+            "minutes, a plateau, an evening decline to half the peak (ramps ~5x steeper than a real day)",
+            duration_s=100 * MIN,
+            base_replicas=1.4,
+            knots=((0, 1.0), (15 * MIN, 1.0), (50 * MIN, 2.6), (70 * MIN, 2.6), (100 * MIN, 1.3)),
+        ),
+        Scenario(
+            name="flash-crowd",
+            description="steady traffic, then a flash crowd: the session rate jumps 2.5x within two minutes "
+            "at 15 min, holds for 25 minutes and decays over the next 15",
+            duration_s=75 * MIN,
+            base_replicas=1.6,
+            knots=((0, 1.0), (15 * MIN, 1.0), (17 * MIN, 2.5), (42 * MIN, 2.5), (48 * MIN, 1.6), (57 * MIN, 1.0)),
+        ),
+    )
+}
+
+QUICK_SCENARIO = Scenario(
+    name="quick-flash",
+    description="CI smoke scenario: 20 minutes, a 2x flash crowd at 6 min, 2-minute start-up",
+    duration_s=20 * MIN,
+    base_replicas=0.8,
+    knots=((0, 1.0), (6 * MIN, 1.0), (7 * MIN, 2.0), (13 * MIN, 2.0), (16 * MIN, 1.0)),
+    warmup_s=180.0,
+    startup_median_s=120.0,
+)
+
+DAY_SCENARIO = Scenario(
+    name="day",
+    description="24 hours of agentic traffic on a diurnal cycle: trough at 04:00 at 35% of the 16:00 peak",
+    duration_s=24 * HOUR,
+    base_replicas=1.0,
+    knots=tuple((h * HOUR, 0.35 + 0.65 * (1 - math.cos(2 * math.pi * ((h - 4) % 24) / 24)) / 2)
+                for h in range(25)),  # fmt: skip
+    warmup_s=300.0,
+)
+
+
+# ----------------------------------------------------------------------------------------------- sessions
+
+
+class Session:
+    """One agentic session: its turns are drawn from its own stream, independent of timing."""
+
+    __slots__ = ("sid", "rng", "w", "unit", "sys_units", "limit", "context", "turns", "hashes", "max_len",
+                 "replica", "inflight", "done")  # fmt: skip
+
+    def __init__(self, sid: int, seed: int, profile: Profile, unit: int, max_model_len: int) -> None:
+        self.sid = sid
+        self.rng = random.Random(seed * 1_000_003 + sid)
+        self.w = profile.workload
+        self.unit = unit
+        self.sys_units = self.w.shared_system_prompt_tokens // unit
+        lo, hi = self.w.session_context_limit
+        self.limit = self.rng.randint(lo, hi)
+        self.context = 0
+        self.turns = 0
+        self.hashes: list[int] = []
+        self.max_len = max_model_len
+        self.replica = None  # the router's affinity
+        self.inflight = False
+        self.done = False
+
+    def next_turn(self) -> tuple[int, int] | None:
+        """(prompt tokens, output tokens) of the next turn, or None when the session is over."""
+        if self.turns and self.context >= self.limit:
+            self.done = True
+            return None
+        w, rng = self.w, self.rng
+        if not self.turns:
+            new = w.shared_system_prompt_tokens + int(w.first_turn_tokens.draw(rng))
+        else:
+            new = int(w.tool_result_tokens.draw(rng))
+        prompt = self.context + new
+        output = int(w.output_tokens.draw(rng))
+        room = self.max_len - prompt
+        if room < 1:
+            self.done = True
+            return None
+        output = max(1, min(output, room))
+        self.context = prompt + output
+        self.turns += 1
+        return prompt, output
+
+    def gap(self) -> float:
+        return TOOL_GAP.draw(self.rng)
+
+    def block_hashes(self) -> list[int]:
+        """Cache-unit ids covering the conversation so far (prompt and output of the last turn): the shared
+        system prompt's units are the same for every session, the rest are the session's own, so a later
+        turn hits on everything an earlier one computed."""
+        units = self.context // self.unit
+        h = self.hashes
+        if len(h) < units:
+            sys_units, base = self.sys_units, self.sid << SESSION_ID_SHIFT
+            h.extend(j if j < sys_units else base | j for j in range(len(h), units))
+        return h
+
+
+def session_starts(scenario: Scenario, rate: float, seed: int) -> list[float]:
+    """Start times in [-warmup, duration) of sessions at `rate` per second times the scenario's shape."""
+    rng = random.Random(seed * 7919 + 17)
+    out: list[float] = []
+    lam_max = rate * scenario.max_multiplier()
+    if lam_max > 0:
+        t = -scenario.warmup_s
+        while True:
+            t += rng.expovariate(lam_max)
+            if t >= scenario.duration_s:
+                break
+            if rng.random() * lam_max <= rate * scenario.multiplier(max(t, 0.0)):
+                out.append(t)
+    if scenario.bursts_per_hour > 0 and scenario.burst_minutes > 0:
+        brng = random.Random(seed * 104729 + 3)
+        n = max(1, round(scenario.burst_minutes * 60.0 * rate))
+        t = 0.0
+        while True:
+            t += brng.expovariate(scenario.bursts_per_hour / HOUR)
+            if t >= scenario.duration_s:
+                break
+            out.extend(t + brng.uniform(0.0, scenario.burst_spread_s) for _ in range(n))
+    out = [x for x in out if x < scenario.duration_s]
+    out.sort()
+    return out
+
+
+@dataclass(frozen=True)
+class Nominal:
+    """Service time of a turn at the SLA operating point, for sizing traffic and for the oracle's demand."""
+
+    ttft_s: float
+    tokens_per_s: float
+
+    def turn_s(self, output_tokens: int) -> float:
+        return self.ttft_s + max(0, output_tokens - 1) / self.tokens_per_s
+
+
+@dataclass(frozen=True)
+class SessionStats:
+    """Means over the workload's sessions, per turn (the fluid model's parameters) and per session."""
+
+    turns: float
+    turn_s: float
+    """Mean in-engine seconds of a turn at the nominal service."""
+    gap_s: float
+    prompt_tokens: float
+    output_tokens: float
+    session_s: float
+    """Mean in-engine seconds of a session at the nominal service (`session_load`)."""
+
+    @classmethod
+    def sample(cls, profile: Profile, unit: int, nominal: Nominal, samples: int = 3000,
+               seed: int = 99) -> SessionStats:  # fmt: skip
+        turns = 0
+        turn_s = gap = prompt = output = 0.0
+        for sid in range(1, samples + 1):
+            s = Session(sid, seed, profile, unit, profile.max_model_len)
+            while (turn := s.next_turn()) is not None:
+                turns += 1
+                turn_s += nominal.turn_s(turn[1])
+                prompt += turn[0]
+                output += turn[1]
+                gap += s.gap()
+        return cls(turns / samples, turn_s / turns, gap / turns, prompt / turns, output / turns, turn_s / samples)
+
+
+def session_load(profile: Profile, unit: int, nominal: Nominal, samples: int = 3000, seed: int = 99) -> float:
+    """Mean in-engine seconds per session at the nominal service (concurrency per unit of session rate)."""
+    return SessionStats.sample(profile, unit, nominal, samples, seed).session_s
+
+
+# ----------------------------------------------------------------------------------------------- traces
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    t: float
+    """Arrival, seconds from the start of the trace."""
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...] = field(default=())
+
+
+def read_mooncake(path: str | Path) -> list[TraceRequest]:
+    """Read a Mooncake JSONL trace (timestamps in milliseconds); requests come back sorted by time."""
+    out: list[TraceRequest] = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                d = json.loads(line)
+                out.append(
+                    TraceRequest(
+                        t=float(d["timestamp"]) / 1000.0,
+                        input_length=int(d["input_length"]),
+                        output_length=int(d["output_length"]),
+                        hash_ids=tuple(int(h) for h in d.get("hash_ids", ())),
+                    )
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{n}: not a Mooncake trace line ({exc})") from None
+    out.sort(key=lambda r: r.t)
+    if out:
+        t0 = out[0].t
+        out = [TraceRequest(r.t - t0, r.input_length, r.output_length, r.hash_ids) for r in out]
+    return out
+
+
+def write_mooncake(path: str | Path, requests: Iterable[TraceRequest]) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in requests:
+            rec = {"timestamp": int(round(r.t * 1000)), "input_length": r.input_length,
+                   "output_length": r.output_length, "hash_ids": list(r.hash_ids)}  # fmt: skip
+            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            n += 1
+    return n
+
+
+def agentic_trace(profile: Profile, sessions_per_s: float, duration_s: float, nominal: Nominal,
+                  seed: int = 0) -> Iterator[TraceRequest]:  # fmt: skip
+    """Synthetic agentic sessions written down open loop, as a trace would record them: each turn arrives a
+    nominal service time plus a tool gap after the previous one. Block ids follow Mooncake's convention:
+    one id per 512-token block, shared blocks share ids."""
+    rng = random.Random(seed)
+    starts: list[float] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(sessions_per_s)
+        if t >= duration_s:
+            break
+        starts.append(t)
+    reqs: list[TraceRequest] = []
+    next_id = profile.workload.shared_system_prompt_tokens // MOONCAKE_BLOCK_TOKENS
+    for sid, start in enumerate(starts, 1):
+        s = Session(sid, seed, profile, MOONCAKE_BLOCK_TOKENS, profile.max_model_len)
+        ids: list[int] = list(range(s.sys_units))
+        t = start
+        while (turn := s.next_turn()) is not None:
+            prompt, output = turn
+            while len(ids) < prompt // MOONCAKE_BLOCK_TOKENS:
+                ids.append(next_id)
+                next_id += 1
+            if t < duration_s:
+                reqs.append(TraceRequest(t, prompt, output, tuple(ids[: prompt // MOONCAKE_BLOCK_TOKENS])))
+            t += nominal.turn_s(output) + s.gap()
+    reqs.sort(key=lambda r: r.t)
+    return iter(reqs)
+
+
+def chain_hashes(hash_ids: Iterable[int]) -> list[int]:
+    """Chain block ids so that each key names its whole prefix (what the engine's prefix cache keys on)."""
+    out, prev = [], 0
+    for h in hash_ids:
+        prev = hash((prev, h))
+        out.append(prev)
+    return out
+
+
+def trace_groups(requests: list[TraceRequest]) -> list[int]:
+    """A conversation key per request: its first block id that is not shared by many requests (the shared
+    system prompt is), so that turns of one conversation fall in the same group."""
+    counts: dict[int, int] = {}
+    for r in requests:
+        for h in set(r.hash_ids):
+            counts[h] = counts.get(h, 0) + 1
+    common = max(3, len(requests) // 100)
+    out = []
+    for i, r in enumerate(requests):
+        key = next((h for h in r.hash_ids if counts[h] <= common), None)
+        out.append(key if key is not None else -1 - i)
+    return out

@@ -1,0 +1,224 @@
+"""The runtime's control loop: watch serving pods, run an engine for each one KWOK runs on a simulated node,
+and publish the engines to Prometheus (file_sd) and to the router."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import aiohttp
+
+from flashserve_testbed.runtime import filesd
+from flashserve_testbed.runtime.engine import PodEngine, ProbeSettings
+from flashserve_testbed.runtime.kubeapi import ApiError, KubeAPI
+from flashserve_testbed.runtime.launch import LaunchSettings, build_launch
+from flashserve_testbed.runtime.podenv import EnvError
+
+log = logging.getLogger("flashserve_testbed.runtime")
+
+SERVING_LABEL = "flashserve.io/serving"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+@dataclass
+class RuntimeSettings:
+    launch: LaunchSettings
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    namespace: str | None = None  # None: every namespace
+    file_sd: Path | None = None
+    log_dir: Path = Path("engine-logs")
+    any_node: bool = False  # also pods on real nodes (a kind node has its own kubelet: leave it False there)
+    api_gone_seconds: float = 120.0  # give up (and stop every engine) when the API server is gone this long
+
+
+def runnable(pod: dict, node: dict | None, any_node: bool = False) -> bool:
+    """A serving pod the simulated kubelet has started: scheduled on a KWOK node, Running, not terminating."""
+    meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    if not (meta.get("labels") or {}).get(SERVING_LABEL) or meta.get("deletionTimestamp"):
+        return False
+    if not spec.get("nodeName") or st.get("phase") != "Running":
+        return False
+    if node is None:
+        return False
+    return any_node or (node["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION) == "fake"
+
+
+class Runtime:
+    def __init__(self, api: KubeAPI, settings: RuntimeSettings, router=None):
+        self.api = api
+        self.settings = settings
+        self.router = router
+        self.engines: dict[str, PodEngine] = {}  # by pod uid
+        self.nodes: dict[str, dict | None] = {}
+        self.skipped: set[str] = set()  # uids that cannot be launched; logged once
+        self.stopping: dict[tuple[str, str], asyncio.Task] = {}
+        self.router_target: str | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self.time_scale = settings.launch.time_scale
+        self.log_dir = settings.log_dir
+        self._targets_dirty = False
+        self._closed = False  # after shutdown the target file stays deleted
+        self._last_api_ok = time.monotonic()
+
+    # ------------------------------------------------------------------ hooks for PodEngine
+    async def patch(self, namespace: str, name: str, body: dict) -> dict | None:
+        try:
+            return await self.api.patch_pod_status(namespace, name, body)
+        except ApiError as e:
+            if e.status != 404:
+                log.warning("%s/%s: status patch failed: %s", namespace, name, e)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.warning("%s/%s: status patch failed: %r", namespace, name, e)
+        return None
+
+    def changed(self, engine: PodEngine) -> None:
+        if self.router is not None:
+            if engine.state in ("stopping", "stopped"):
+                self.router.remove_endpoint(engine.namespace, engine.serving, engine.name)
+            else:
+                self.router.set_endpoint(engine.namespace, engine.serving, engine.name, engine.launch.address,
+                                         engine.launch.port, engine.group, engine.healthy)
+        self._write_targets_soon()
+
+    # ------------------------------------------------------------------ Prometheus targets
+    def _write_targets_soon(self) -> None:
+        if not self._targets_dirty and not self._closed:
+            self._targets_dirty = True
+            asyncio.get_running_loop().call_later(0.05, self._write_targets)
+
+    def _write_targets(self) -> None:
+        self._targets_dirty = False
+        if self.settings.file_sd is None or self._closed:
+            return
+        targets = [filesd.EngineTarget(e.launch.address, e.launch.port, e.namespace, e.name, e.serving, e.group,
+                                       e.node)
+                   for e in self.engines.values() if e.pid is not None]
+        try:
+            filesd.write_targets(self.settings.file_sd, targets, self.router_target)
+        except OSError as e:
+            log.warning("cannot write %s: %s", self.settings.file_sd, e)
+
+    # ------------------------------------------------------------------ pods
+    async def _node(self, name: str) -> dict | None:
+        if name not in self.nodes:
+            try:
+                self.nodes[name] = await self.api.get(f"/api/v1/nodes/{quote(name)}")
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+                self.nodes[name] = None
+        return self.nodes[name]
+
+    async def on_pod(self, pod: dict, deleted: bool = False) -> None:
+        uid = pod["metadata"]["uid"]
+        engine = self.engines.get(uid)
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        node = await self._node(node_name) if node_name and not deleted else None
+        if not deleted and runnable(pod, node, self.settings.any_node):
+            if engine is None:
+                self._start(pod, node)
+            else:
+                engine.update_pod(pod)
+            return
+        if engine is not None:
+            log.info("%s/%s: pod %s, stopping its engine", engine.namespace, engine.name,
+                     "deleted" if deleted else "terminating or no longer running")
+            self._stop(engine)
+        if deleted:
+            self.skipped.discard(uid)
+
+    def _stop(self, engine: PodEngine) -> None:
+        """Stop in the background, so one slow engine does not hold up the watch; a pod recreated under the
+        same name waits for it, since it may be given the same address."""
+        self.engines.pop(engine.key, None)
+        name = (engine.namespace, engine.name)
+        task = asyncio.get_running_loop().create_task(engine.stop())
+        self.stopping[name] = task
+        task.add_done_callback(lambda t: self.stopping.pop(name, None) if self.stopping.get(name) is t else None)
+
+    def _start(self, pod: dict, node: dict) -> None:
+        meta = pod["metadata"]
+        try:
+            launch = build_launch(pod, node, self.settings.launch)
+        except (EnvError, ValueError) as e:
+            if meta["uid"] not in self.skipped:
+                self.skipped.add(meta["uid"])
+                log.error("%s/%s: cannot start an engine: %s", meta["namespace"], meta["name"], e)
+            return
+        for note in launch.notes:
+            log.warning("%s/%s: %s", meta["namespace"], meta["name"], note)
+        engine = PodEngine(pod, launch, self, self.settings.probe, node=node["metadata"]["name"])
+        self.engines[engine.key] = engine
+        engine.start(after=self.stopping.get((engine.namespace, engine.name)))
+
+    async def _sync(self, items: list[dict]) -> None:
+        """After a (re)list: stop engines whose pods are gone, then treat every listed pod as an update."""
+        alive = {p["metadata"]["uid"] for p in items}
+        for uid in [u for u in self.engines if u not in alive]:
+            engine = self.engines[uid]
+            log.info("%s/%s: pod gone, stopping its engine", engine.namespace, engine.name)
+            self._stop(engine)
+        for pod in items:
+            await self.on_pod(pod)
+
+    def _pods_path(self) -> str:
+        ns = self.settings.namespace
+        return f"/api/v1/namespaces/{quote(ns)}/pods" if ns else "/api/v1/pods"
+
+    async def watch_pods(self) -> None:
+        params = {"labelSelector": SERVING_LABEL}
+        delay = 1.0
+        while True:
+            try:
+                listing = await self.api.get(self._pods_path(), params)
+                self._last_api_ok = time.monotonic()
+                await self._sync(listing.get("items") or [])
+                rv = listing["metadata"]["resourceVersion"]
+                while True:
+                    async for event in self.api.watch(self._pods_path(), {**params, "resourceVersion": rv}):
+                        self._last_api_ok = time.monotonic()
+                        kind, obj = event.get("type"), event.get("object") or {}
+                        if kind == "ERROR":
+                            raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
+                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        if kind in ("ADDED", "MODIFIED", "DELETED"):
+                            await self.on_pod(obj, deleted=kind == "DELETED")
+                    self._last_api_ok = time.monotonic()  # a quiet watch that ended normally is contact too
+                    delay = 1.0
+            except asyncio.CancelledError:
+                raise
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                gone = time.monotonic() - self._last_api_ok
+                if gone > self.settings.api_gone_seconds:
+                    raise RuntimeError(f"the API server has been unreachable for {gone:.0f}s ({e})") from None
+                if not (isinstance(e, ApiError) and e.status == 410):
+                    log.warning("pod watch: %s; relisting in %.0fs", e, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(10.0, delay * 2)
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            self.http = http
+            self._write_targets()
+            try:
+                await self.watch_pods()
+            finally:
+                await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop every engine and say so in its pod: without its engine a pod is not ready, and the next runtime
+        counts a restart."""
+        engines = list(self.engines.values())
+        self.engines.clear()
+        await asyncio.gather(*(e.stop(report=True) for e in engines), *self.stopping.values(),
+                             return_exceptions=True)
+        self._closed = True
+        if self.settings.file_sd is not None:
+            try:
+                self.settings.file_sd.unlink()
+            except OSError:
+                pass
