@@ -27,6 +27,8 @@ import yaml
 
 REPO_CRD = Path(__file__).resolve().parents[2] / "crds" / "flashserve.io_deepseekservings.yaml"
 DEMO_SCHEDULE = "ramp 4 24 60s; hold 24 40s; ramp 24 48 5s; hold 48 60s; step 6 100s"
+# `--quick`: the same story in about a third of the time (a ramp, a burst, a drop), for `make test`.
+QUICK_SCHEDULE = "ramp 4 24 20s; ramp 24 40 5s; hold 40 45s; step 4 20s"
 GPU_HOURLY_COST = 6.0
 
 
@@ -268,14 +270,32 @@ async def _drive(stack: Stack, schedule: str, sla: float, timeline: Timeline, lo
         await task
 
 
+def verdict(result: dict, min_replicas: int = 1) -> list[str]:
+    """What the demo promises and did not do: scale out under the load, back in after it, serve every request
+    through the router. Empty when the run showed all of it."""
+    failed = []
+    if result["requests"] == 0:
+        failed.append("no request was served")
+    if result["errors"]:
+        failed.append(f"{result['errors']} of {result['requests']} requests failed")
+    if result["max_replicas"] <= min_replicas:
+        failed.append(f"the serving never scaled out (max {result['max_replicas']} replicas)")
+    if result["final_replicas"] != min_replicas:
+        failed.append(f"the serving did not scale back in to {min_replicas} (ended at {result['final_replicas']})")
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="flashserve demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--out", default="out/demo", help="directory for demo.png and summary.json (default out/demo)")
-    ap.add_argument("--schedule", default=DEMO_SCHEDULE, help=f"load schedule (default: {DEMO_SCHEDULE!r})")
+    ap.add_argument("--schedule", help=f"load schedule (default: {DEMO_SCHEDULE!r})")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a short run (about 4 minutes once the cluster is up): schedule {QUICK_SCHEDULE!r}")
     ap.add_argument("--keep", action="store_true", help="leave the cluster and processes running")
     ap.add_argument("--cluster-dir", help="local cluster directory (default: the demo's own)")
     args = ap.parse_args(argv)
+    schedule = args.schedule or (QUICK_SCHEDULE if args.quick else DEMO_SCHEDULE)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cluster_dir = Path(args.cluster_dir) if args.cluster_dir else Path.home() / ".cache" / "flashserve" / "demo-cluster"
@@ -294,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(1)
         offset = timeline.last()["t"]
-        print(f"[demo] Ready. Driving agentic load: {args.schedule}", flush=True)
-        report = asyncio.run(_drive(stack, args.schedule, sla, timeline))
+        print(f"[demo] Ready. Driving agentic load: {schedule}", flush=True)
+        report = asyncio.run(_drive(stack, schedule, sla, timeline))
         print("[demo] load finished; watching the scale-down (surplus released after its delay) ...", flush=True)
         deadline = time.monotonic() + 300
         shown = None
@@ -318,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_hours": round(gpu_hours, 4),
             "tokens_per_dollar": round(summary["output_tokens"] / (gpu_hours * GPU_HOURLY_COST)) if gpu_hours else None,
             "max_replicas": max(r["desired"] or 0 for r in timeline.rows),
+            "final_replicas": timeline.rows[-1]["desired"],
             "scaling_changes": sum(1 for a, b in zip(timeline.rows, timeline.rows[1:]) if a["desired"] != b["desired"]),
             "wall_seconds": round(time.monotonic() - t_start, 1),
         }  # fmt: skip
@@ -332,7 +353,10 @@ def main(argv: list[str] | None = None) -> int:
               f"tokens per dollar (output, ${GPU_HOURLY_COST:g}/GPU-hour): {result['tokens_per_dollar']}")  # fmt: skip
         print(f"  replicas: 1 -> {result['max_replicas']} -> {timeline.rows[-1]['desired']}, "
               f"{result['scaling_changes']} scaling changes; chart {out / 'demo.png'}, summary {out / 'summary.json'}")
-        return 0
+        failed = verdict(result)
+        for reason in failed:
+            print(f"[demo] FAILED: {reason}; logs in {stack.log_dir}", file=sys.stderr)
+        return 1 if failed else 0
     finally:
         if not args.keep:
             stack.stop(down=True)
