@@ -28,7 +28,7 @@ import yaml
 REPO_CRD = Path(__file__).resolve().parents[2] / "crds" / "flashserve.io_deepseekservings.yaml"
 DEMO_SCHEDULE = "ramp 4 24 60s; hold 24 40s; ramp 24 48 5s; hold 48 60s; step 6 100s"
 # `--quick`: the same story in about a third of the time (a ramp, a burst, a drop), for `make test`.
-QUICK_SCHEDULE = "ramp 4 24 20s; ramp 24 40 5s; hold 40 45s; step 4 20s"
+QUICK_SCHEDULE = "ramp 4 24 20s; ramp 24 40 5s; hold 40 75s; step 4 20s"
 GPU_HOURLY_COST = 6.0
 
 
