@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 CRD := crds/flashserve.io_deepseekservings.yaml
 
-.PHONY: help install deps toolchain vllm-venv crds check-crds test unit e2e demo demo-quick clean
+.PHONY: help install deps toolchain vllm-venv aiperf-venv crds check-crds test unit e2e demo demo-quick clean
 
 help:
 	@echo "make install     Python venv with flashserve and its test tools ($(VENV))"
@@ -32,7 +32,11 @@ toolchain:
 vllm-venv:
 	tools/vllm-contract/install.sh
 
-deps: toolchain vllm-venv
+# aiperf 0.13.0's trace loaders, the judge of the trace reader (tests/test_traces_aiperf.py); ~1 min once.
+aiperf-venv:
+	tools/aiperf/install.sh
+
+deps: toolchain vllm-venv aiperf-venv
 	e2e/install-system-deps.sh
 
 crds: install

@@ -96,6 +96,67 @@ def test_trace_replay(tiny, profile, calib):
     assert 0.1 < len(w.trace) / 222 < 0.5
 
 
+def _aiperf_trace(path, sessions=60, turns=4, long_every=0):
+    """Agentic-looking aiperf sessions: a shared 2-block system prompt, tool results `delay` ms after each
+    answer; every `long_every`-th session has a last turn too long for the model's context."""
+    import gzip
+
+    rows = []
+    for k in range(sessions):
+        for t in range(turns):
+            row = {"session_id": f"s{k}", "input_length": 1500 if t == 0 else 400, "output_length": 60}
+            if t == 0:
+                row |= {"timestamp": k * 2500, "hash_ids": [1, 2, 1000 + k]}
+            else:
+                row["delay"] = 3000
+            if long_every and k % long_every == 0 and t == turns - 1:
+                row["input_length"] = 300_000
+            rows.append(row)
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    return path
+
+
+def test_aiperf_sessions_replay_closed_loop(tmp_path, tiny, profile, calib):
+    trace = _aiperf_trace(tmp_path / "agentic.jsonl.gz")
+    sc = replace(tiny, name="aiperf", trace=str(trace), duration_s=150.0, warmup_s=10.0)
+    w = _workload(sc, 1, profile, calib)
+    assert w.sessions and not w.trace and len(w.starts) == len(w.sessions)
+    # one representative rank sees about a quarter of the sessions, each whole
+    assert 0.1 < len(w.sessions) / 60 < 0.5
+    res = _run(w, calib, "hpa")
+    assert res.requests > 10 and res.refused == 0
+    # later turns resend the conversation: the oracle's demand counts every turn of every kept session
+    assert len(w.occ_starts) == sum(len(s.turns) for s in w.sessions if s.start_ms / 1000.0 - 10.0 < 150.0)
+
+
+def test_turns_over_max_model_len_are_refused_not_a_crash(tmp_path, tiny, profile, calib):
+    trace = _aiperf_trace(tmp_path / "long.jsonl", long_every=2)
+    sc = replace(tiny, name="aiperf-long", trace=str(trace), duration_s=150.0, warmup_s=10.0)
+    res = _run(_workload(sc, 1, profile, calib), calib, "hpa")
+    assert res.refused >= 1 and res.requests > 0
+    mooncake = tmp_path / "mooncake.jsonl"
+    mooncake.write_text("".join(json.dumps({"timestamp": i * 500, "input_length": 300_000 if i % 3 == 0 else 900,
+                                            "output_length": 20}) + "\n" for i in range(200)))  # fmt: skip
+    res = _run(_workload(replace(sc, trace=str(mooncake)), 1, profile, calib), calib, "hpa")
+    assert res.refused >= 1 and res.requests > 0
+
+
+def test_cli_scenarios_none_runs_only_the_trace(tmp_path, capsys):
+    trace = _aiperf_trace(tmp_path / "agentic.jsonl.gz", sessions=20)
+    out = tmp_path / "r.csv"
+    rc = cli.main(["autoscale", "--trace", str(trace), "--scenarios", "none", "--policies", "hpa", "--no-tuned",
+                   "--no-sweep", "--seeds", "1", "--minutes", "1", "--csv", str(out), "--quiet", "--no-plots"])
+    assert rc == 0
+    rows = out.read_text().splitlines()
+    assert rows[1:] and all(",trace-agentic," in r for r in rows[1:])
+    assert cli.main(["autoscale", "--scenarios", "none", "--quiet"]) == 2
+    assert "--scenarios none needs --trace" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"session_id": "a", "input_length": 3}\n')
+    assert cli.main(["autoscale", "--trace", str(bad), "--quiet"]) == 2
+    assert "bad.jsonl:1: a trace line needs `output_length`" in capsys.readouterr().err
+
+
 def test_cli_quick_json_schema(tmp_path):
     out = tmp_path / "r.json"
     rc = cli.main(["autoscale", "--quick", "--minutes", "3", "--policies", "flashserve", "hpa", "--no-tuned",
@@ -115,3 +176,13 @@ def test_cli_quick_json_schema(tmp_path):
         assert r["gpu_hours"] > 0 and r["tokens_per_dollar"] > 0
     rows = (tmp_path / "r.csv").read_text().splitlines()
     assert rows[0].startswith("policy,scenario,seed,attainment") and len(rows) == 4
+
+
+def test_startup_sweep_runs_on_every_seed(tiny):
+    from flashserve_testbed.bench.runner import Plan
+
+    plan = Plan(scenarios=[tiny], seeds=[1, 2, 3], table=[PolicySpec("hpa")], startups=[30.0, 600.0],
+                startup_specs=[PolicySpec("hpa")], startup_scenario="tiny", startup_seeds=[1, 2, 3])  # fmt: skip
+    sweep = [(t.seed, t.settings.startup_median_s, t.label) for t in plan.tasks() if t.kind == "startup"]
+    assert sorted({seed for seed, _, _ in sweep}) == [1, 2, 3]
+    assert len(sweep) == 3 * 2 * 2  # seeds x start-ups x (oracle + hpa)

@@ -18,10 +18,11 @@ pytestmark = pytest.mark.timeout(120)
 SCALE = 10.0
 
 
-async def with_engine(test):
+async def with_engine(test, *extra: str):
     ports: asyncio.Queue = asyncio.Queue()
     args = parse(["deepseek-ai/DeepSeek-V4.1-Flash", "--served-model-name", "dsv4", "--port", "0",
-                  "--data-parallel-size", "4", "--speculative-config", '{"method":"dspark","num_speculative_tokens":1}'])
+                  "--data-parallel-size", "4", "--speculative-config", '{"method":"dspark","num_speculative_tokens":1}',
+                  *extra])
     settings = MockSettings(startup_seconds=0, time_scale=SCALE, seed=1)
     server = asyncio.ensure_future(serve(args, settings, ready_file=ports.put_nowait))
     try:
@@ -87,6 +88,35 @@ def test_mooncake_replay_reuses_shared_blocks(tmp_path):
     later = [r for r in report.records if r.session > 0]
     assert all(r.cached_tokens >= 1024 for r in later)  # the three shared 512-token blocks, less the tail
     assert report.wall_seconds * SCALE == pytest.approx(1.4, abs=1.5)
+
+
+def test_aiperf_sessions_replay_closed_loop_with_the_conversation_so_far(tmp_path):
+    """Turn 2 waits its delay after answer 1 and resends the conversation (a prefix-cache hit on turn 1); turn 3
+    would pass max_model_len: refused with HTTP 400 as vLLM does, and it ends its session (turn 4 never sent)."""
+    rows = [
+        {"session_id": "s", "timestamp": 0, "input_length": 1024, "output_length": 30, "hash_ids": [1, 2]},
+        {"session_id": "s", "delay": 3000, "input_length": 512, "output_length": 20, "hash_ids": [3]},
+        {"session_id": "s", "delay": 0, "input_length": 9000, "output_length": 5},
+        {"session_id": "s", "delay": 0, "input_length": 10, "output_length": 5},
+        {"session_id": "t", "timestamp": 100, "input_length": 600, "output_length": 8},
+    ]
+    trace = tmp_path / "aiperf.jsonl.gz"
+    import gzip
+
+    trace.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+
+    async def test(base):
+        return await replay_trace(base, str(trace), time_scale=SCALE)
+
+    report = asyncio.run(with_engine(test, "--max-model-len", "8192"))
+    s_turns = sorted((r for r in report.records if r.session == 0), key=lambda r: r.turn)
+    assert [r.turn for r in s_turns] == [0, 1, 2]
+    first, second, third = s_turns
+    assert first.completion_tokens == 30 and second.completion_tokens == 20
+    assert second.start - first.end >= 3.0 / SCALE * 0.9  # its delay after the previous answer
+    assert second.cached_tokens >= 1024  # the conversation so far came back
+    assert third.status == 400 and third.error
+    assert report.summary()["errors"] == {"400": 1} and report.config["mode"] == "aiperf"
 
 
 def test_cli_writes_json(tmp_path, capsys):

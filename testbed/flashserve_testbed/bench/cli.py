@@ -65,9 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write results.{csv,json}, table.md and the plots here")
     p.add_argument("--seeds", type=int, nargs="+", help="run seeds (default 1 2 3; --quick: 1)")
     p.add_argument("--scenarios", nargs="+", metavar="NAME",
-                   help=f"synthetic scenarios (default all: {', '.join(SCENARIOS)})")
+                   help=f"synthetic scenarios, or `none` (default: all of {', '.join(SCENARIOS)}; with --trace: none)")
     p.add_argument("--trace", action="append", default=[], metavar="FILE",
-                   help="also replay this Mooncake JSONL trace as a scenario (repeatable)")
+                   help="replay this trace as a scenario (repeatable): Mooncake (open loop) or aiperf multi-turn "
+                   "(sessions, closed loop), plain or gzipped, told apart by content")
     p.add_argument("--policies", nargs="+", metavar="NAME", choices=FAMILIES,
                    help=f"policy families (default all: {', '.join(FAMILIES)})")
     p.add_argument("--no-tuned", action="store_true", help="only the baselines' default settings")
@@ -75,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-scenarios", nargs="+", metavar="NAME",
                    help="scenarios of the knob sweeps, on the first seed (default: the first scenario)")
     p.add_argument("--startups", type=float, nargs="*", metavar="SECONDS",
-                   help="median start-up times of the start-up sweep (default 30 120 1200 besides the profile's)")
+                   help="median start-up times of the start-up sweep, run on every seed (default 30 120 1200 "
+                   "besides the profile's)")
     p.add_argument("--startup-policies", nargs="+", metavar="NAME", choices=FAMILIES,
                    help="families run in the start-up sweep (default flashserve hpa kpa)")
     p.add_argument("--minutes", type=float, help="override every scenario's duration (smoke tests)")
@@ -111,9 +113,10 @@ def autoscale(argv: list[str]) -> int:
         QUICK_SCENARIO,
         SCENARIOS,
         Scenario,
-        read_mooncake,
     )
     from flashserve_testbed.engine.profile import load as load_profile
+    from flashserve_testbed.traces import TraceError
+    from flashserve_testbed.traces import read as read_trace
 
     args = _parser().parse_args(argv)
     progress = None if args.quiet else _progress
@@ -130,25 +133,34 @@ def autoscale(argv: list[str]) -> int:
         scenarios = [QUICK_SCENARIO]
         seeds = args.seeds or [1]
     else:
-        names = args.scenarios or list(SCENARIOS)
+        names = args.scenarios or ([] if args.trace else list(SCENARIOS))
+        if names == ["none"]:
+            names = []
         unknown = [n for n in names if n not in SCENARIOS]
         if unknown:
-            print(f"flashserve bench autoscale: unknown scenario {unknown[0]!r}: choose from "
-                  f"{', '.join(SCENARIOS)}", file=sys.stderr)  # fmt: skip
+            print(f"flashserve bench autoscale: --scenarios: unknown scenario {unknown[0]!r}: choose from "
+                  f"{', '.join(SCENARIOS)}, or none", file=sys.stderr)  # fmt: skip
             return 2
         scenarios = [SCENARIOS[n] for n in names]
         seeds = args.seeds or [1, 2, 3]
     for path in args.trace:
         try:
-            reqs = read_mooncake(path)
-        except (OSError, ValueError) as exc:
-            print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
+            tr = read_trace(path)
+        except TraceError as exc:
+            print(f"flashserve bench autoscale: --trace {exc}", file=sys.stderr)
             return 2
-        span = reqs[-1].t if reqs else 0.0
+        span = tr.sessions[-1].start_ms / 1000.0
+        if tr.closed_loop:  # sessions go on after the last one starts: give them their mean length
+            span += sum(sum((t.delay_ms or 0.0) for t in s.turns) for s in tr.sessions) / 1000.0 / len(tr.sessions)
         warm = min(300.0, 0.1 * span)
-        scenarios.append(Scenario(name=f"trace-{Path(path).stem}", description=f"replay of {path}",
+        name = Path(path).name.removesuffix(".gz").removesuffix(".jsonl")
+        scenarios.append(Scenario(name=f"trace-{name}", description=f"replay of {path} ({tr.format}, "
+                                  f"{len(tr.sessions)} sessions, {tr.requests} requests)",
                                   duration_s=max(60.0, span - warm), base_replicas=0.0, warmup_s=warm,
                                   trace=str(path)))  # fmt: skip
+    if not scenarios:
+        print("flashserve bench autoscale: nothing to run: --scenarios none needs --trace FILE", file=sys.stderr)
+        return 2
     if args.minutes:
         scenarios = [s.scaled(duration_s=args.minutes * 60.0) for s in scenarios]
     families = tuple(args.policies or FAMILIES)
@@ -168,7 +180,7 @@ def autoscale(argv: list[str]) -> int:
             fams = args.startup_policies or [f for f in ("flashserve", "hpa", "kpa") if f in families]
             plan.startup_specs = [PolicySpec(f) for f in fams]
             plan.startup_scenario = scenarios[0].name
-            plan.startup_seed = seeds[0]
+            plan.startup_seeds = list(seeds)
     t0 = time.monotonic()
     if progress:
         progress(f"calibrating {profile.name}: steady-state load test of one engine ...")

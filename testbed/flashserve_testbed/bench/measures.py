@@ -21,7 +21,7 @@ GPU_HOUR_PRICE_USD = 2.30
 class Recorder:
     """Per-request outcomes of requests that arrived inside the measured window."""
 
-    __slots__ = ("speeds", "tokens", "ttfts", "prompt_tokens", "missed_tokens", "missed")
+    __slots__ = ("speeds", "tokens", "ttfts", "prompt_tokens", "missed_tokens", "missed", "refused")
 
     def __init__(self) -> None:
         self.speeds: list[float] = []
@@ -30,6 +30,7 @@ class Recorder:
         self.prompt_tokens = 0
         self.missed_tokens = 0
         self.missed = 0
+        self.refused = 0  # refused as vLLM refuses them (prompt + output over max_model_len): not served, not missed
 
     def add(self, prompt: int, tokens: int, speed: float | None, ttft: float | None) -> None:
         self.prompt_tokens += prompt
@@ -42,6 +43,9 @@ class Recorder:
         self.prompt_tokens += prompt
         self.missed_tokens += tokens
         self.missed += 1
+
+    def refuse(self) -> None:
+        self.refused += 1
 
 
 @dataclass
@@ -70,6 +74,8 @@ class Result:
     variant: str = "default"
     startup_median_s: float | None = None
     oracle_gpu_hours: float = 0.0
+    refused: int = 0
+    """Requests refused as vLLM refuses them (prompt + output over max_model_len, HTTP 400): not in `requests`."""
     kind: str = "table"
     """table, sweep or startup: which part of the benchmark the run belongs to."""
     step_attainment: float | None = None
@@ -106,6 +112,7 @@ def summarize(rec: Recorder, sla: float, gpu_hours: float, price: float, weight:
         "requests": len(tokens) + rec.missed,
         "unfinished": rec.missed,
         "output_tokens": total,
+        "refused": rec.refused,
     }
 
 

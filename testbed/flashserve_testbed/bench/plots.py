@@ -3,6 +3,7 @@ its knob sweep, replicas and demand over time for one scenario, and the start-up
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -94,21 +95,24 @@ def startup_sweep(results: list[Result], path: Path) -> Path | None:
     if not runs:
         return None
     swept = {r.policy for r in runs}
-    # the profile's own start-up time is the table's run of the same scenario and seed
+    seeds = sorted({r.seed for r in runs})
+    # the profile's own start-up time is the table's run of the same scenario and seeds
     runs += [r for r in results if r.kind == "table" and r.policy in swept and r.scenario == runs[0].scenario
-             and r.seed == runs[0].seed]  # fmt: skip
+             and r.seed in seeds]  # fmt: skip
     plt = _plt()
-    by: dict[str, list[Result]] = defaultdict(list)
+    by: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        by[r.policy].append(r)
+        by[r.policy][r.startup_median_s or 0].append(r)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for label in sorted(by, key=_order):
-        rs = sorted(by[label], key=lambda r: r.startup_median_s or 0)
-        xs = [(r.startup_median_s or 0) / 60.0 for r in rs]
+        points = sorted(by[label].items())  # medians over the seeds at each start-up time
+        xs = [s / 60.0 for s, _ in points]
         color = COLORS.get(label.removesuffix("-tuned"))
         style = "--" if label.endswith("-tuned") else "-"
-        a1.plot(xs, [r.attainment * 100 for r in rs], style, marker="o", color=color, label=label)
-        a2.plot(xs, [r.gpu_hours / r.oracle_gpu_hours for r in rs], style, marker="o", color=color, label=label)
+        a1.plot(xs, [statistics.median(r.attainment * 100 for r in rs) for _, rs in points], style, marker="o",
+                color=color, label=label)  # fmt: skip
+        a2.plot(xs, [statistics.median(r.gpu_hours / r.oracle_gpu_hours for r in rs) for _, rs in points], style,
+                marker="o", color=color, label=label)  # fmt: skip
     a1.set_ylabel("token-weighted SLA attainment (%)")
     a2.set_ylabel("GPU-hours / oracle")
     ticks = sorted({(r.startup_median_s or 0) / 60.0 for r in runs})
@@ -120,7 +124,7 @@ def startup_sweep(results: list[Result], path: Path) -> Path | None:
         a.set_xlabel("median replica start-up (minutes)")
         a.grid(alpha=0.3)
     a2.legend(fontsize=7)
-    fig.suptitle(f"start-up time sweep: {runs[0].scenario}, seed {runs[0].seed}", fontsize=10)
+    fig.suptitle(f"start-up time sweep: {runs[0].scenario}, median of seeds {', '.join(map(str, seeds))}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -45,7 +45,7 @@ class Plan:
     startups: list[float] = field(default_factory=list)
     startup_specs: list[PolicySpec] = field(default_factory=list)
     startup_scenario: str | None = None
-    startup_seed: int | None = None
+    startup_seeds: list[int] = field(default_factory=list)
     timeline_scenario: str | None = None
     timeline_seed: int | None = None
     settings: Settings = field(default_factory=Settings)
@@ -60,7 +60,7 @@ class Plan:
                 out.extend(Task(sc, seed, spec, st) for spec in self.table)
                 if sc.name in self.sweep_scenarios and seed in self.sweep_seeds:
                     out.extend(Task(sc, seed, spec, self.settings, "sweep") for spec in self.sweep)
-                if sc.name == self.startup_scenario and seed == self.startup_seed:
+                if sc.name == self.startup_scenario and seed in self.startup_seeds:
                     for s in self.startups:
                         st = replace(self.settings, startup_median_s=s)
                         out.append(Task(sc, seed, None, st, "startup"))

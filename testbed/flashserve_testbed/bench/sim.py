@@ -15,9 +15,11 @@ import heapq
 import math
 import random
 import time
+import zlib
 from dataclasses import dataclass
 from itertools import accumulate
 
+from flashserve_testbed import traces
 from flashserve_testbed.bench.calibrate import Calibration
 from flashserve_testbed.bench.context import Context, Policy
 from flashserve_testbed.bench.fleet import DRAINING, STARTING, Fleet, Rank
@@ -33,11 +35,12 @@ from flashserve_testbed.bench.workloads import (
     Scenario,
     Session,
     TraceRequest,
+    TraceSession,
     chain_hashes,
-    read_mooncake,
     session_load,
     session_starts,
     trace_groups,
+    trace_requests,
 )
 from flashserve_testbed.engine.profile import Profile
 from flashserve_testbed.engine.stats import DEFAULT_TTFT_BUCKETS
@@ -100,11 +103,28 @@ class Workload(OracleView):
         self.starts: list[float] = []
         self.trace: list[TraceRequest] = []
         self.trace_keys: list[list[int]] = []
-        if scenario.trace:
-            reqs = read_mooncake(scenario.trace)
+        self.sessions: list[traces.Session] = []  # an aiperf trace's sessions, parallel to `starts`
+        keep_p = ranks / profile.engines_per_replica
+        salt = seed * 2654435761
+        trace = traces.read(scenario.trace) if scenario.trace else None
+        if trace is not None and trace.closed_loop:
+            # one representative rank per replica: keep a session with probability 1/ranks
+            span = scenario.duration_s + scenario.warmup_s
+            self.sessions = [t for t in trace.sessions if t.start_ms / 1000.0 < span
+                             and random.Random(salt ^ zlib.crc32(t.id.encode())).random() < keep_p]  # fmt: skip
+            self.starts = [t.start_ms / 1000.0 - scenario.warmup_s for t in self.sessions]
+            occ = []
+            for sid, (t, start) in enumerate(zip(self.sessions, self.starts), 1):
+                s = TraceSession(sid, t, unit, max_model_len, start)
+                while (turn := s.next_turn()) is not None:
+                    end = start + nominal.turn_s(turn[1])
+                    occ.append((start, end))
+                    start = end + s.gap(end)
+                    if start >= scenario.duration_s:
+                        break
+        elif trace is not None:
+            reqs = trace_requests(trace)
             groups = trace_groups(reqs)
-            keep_p = ranks / profile.engines_per_replica
-            salt = seed * 2654435761
             # one representative rank per replica: keep a conversation with probability 1/ranks, whole
             kept = [r for r, g in zip(reqs, groups) if random.Random(salt ^ g).random() < keep_p]
             span = scenario.duration_s
@@ -112,7 +132,7 @@ class Workload(OracleView):
                           for r in kept if r.t < span + scenario.warmup_s]  # fmt: skip
             self.trace_keys = [chain_hashes(r.hash_ids) for r in self.trace]
             occ = [(r.t, r.t + nominal.ttft_s + max(0, r.output_length - 1) / nominal.tokens_per_s)
-                   for r in self.trace]  # fmt: skip
+                   for r in self.trace if r.input_length + r.output_length <= max_model_len]  # fmt: skip
         else:
             per_session = session_load(profile, unit, nominal)
             self.rate = scenario.base_replicas * calib.capacity_per_rank * ranks / per_session
@@ -132,6 +152,12 @@ class Workload(OracleView):
             self.occ_starts, self.occ_ends, calib.capacity_per_rank * ranks, profile.gpus_per_replica, 0.0,
             scenario.duration_s,
         )
+
+    def new_session(self, sid: int, unit: int, max_model_len: int, now: float) -> Session:
+        """The sid-th session to start (1-based): the trace's, or a synthetic one from the run's seed."""
+        if self.sessions:
+            return TraceSession(sid, self.sessions[sid - 1], unit, max_model_len, now)
+        return Session(sid, self.seed, self.profile, unit, max_model_len)
 
 
 class Simulation:
@@ -202,7 +228,7 @@ class Simulation:
             user = req.user
             if isinstance(user, Session):
                 user.inflight = False
-                t_next = req.finish_time + user.gap()
+                t_next = req.finish_time + user.gap(req.finish_time)
                 if t_next < self.end:
                     self.push(t_next, _TURN, user)
                 else:
@@ -215,6 +241,8 @@ class Simulation:
     def on_turn(self, s: Session, now: float) -> None:
         turn = s.next_turn()
         if turn is None:
+            if getattr(s, "refused", False) and now >= self.off:
+                self.rec.refuse()
             self.fleet.end_session(s)
             return
         r = self.fleet.route_session(s)
@@ -226,6 +254,10 @@ class Simulation:
 
     def on_trace(self, i: int, now: float, arrival: float | None = None) -> None:
         req = self.w.trace[i]
+        if req.input_length + req.output_length > self.fleet.cfg.max_model_len:
+            if (now if arrival is None else arrival) >= self.off:
+                self.rec.refuse()  # vLLM answers 400: the prompt and its max_tokens do not fit the context
+            return
         keys = self.w.trace_keys[i]
         r = self.fleet.route_prefix(keys)
         if r is None:
@@ -366,8 +398,7 @@ class Simulation:
                 now = t_s
                 i_start += 1
                 sid += 1
-                s = Session(sid, self.w.seed, self.profile, self.fleet.cfg.cache_unit_tokens,
-                            self.fleet.cfg.max_model_len)  # fmt: skip
+                s = self.w.new_session(sid, self.fleet.cfg.cache_unit_tokens, self.fleet.cfg.max_model_len, now)
                 self.on_turn(s, now)
                 continue
             if t_r < t_heap:

@@ -9,8 +9,9 @@ scenario's shape (diurnal ramps, flash crowds) plus bursts (a CI fan-out startin
 Everything a session does (prompt and output lengths, tool gaps) comes from its own random stream, seeded by
 (run seed, session id): every policy sees exactly the same sessions, whatever the fleet does to their timing.
 
-Mooncake traces are JSON lines `{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}`
-with one hash id per 512-token block of the prompt; they are replayed open loop.
+Traces are read by flashserve_testbed.traces: Mooncake traces (JSON lines `{"timestamp": ms, "input_length": n,
+"output_length": n, "hash_ids": [...]}`, one hash id per 512-token block of the prompt) are replayed open loop;
+aiperf multi-turn traces (turns sharing a `session_id`) closed loop, as TraceSessions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flashserve_testbed import traces
 from flashserve_testbed.engine.profile import LogNormal, Profile
 
 # Time an agent spends in its tool between two turns (file reads in well under a second, test runs in tens of
@@ -187,7 +189,8 @@ class Session:
         self.turns += 1
         return prompt, output
 
-    def gap(self) -> float:
+    def gap(self, finished_at: float | None = None) -> float:
+        """Seconds the agent's tool runs before its next turn."""
         return TOOL_GAP.draw(self.rng)
 
     def block_hashes(self) -> list[int]:
@@ -286,31 +289,85 @@ class TraceRequest:
     hash_ids: tuple[int, ...] = field(default=())
 
 
+def trace_requests(trace: traces.Trace) -> list[TraceRequest]:
+    """The requests of an open-loop (Mooncake) trace, sorted by time, the first at 0."""
+    if trace.closed_loop:
+        raise ValueError(f"{trace.source}: an aiperf multi-turn trace is replayed as sessions, not requests")
+    return [TraceRequest(s.start_ms / 1000.0, t.input_length, t.output_length, t.hash_ids)
+            for s in trace.sessions for t in s.turns]  # fmt: skip
+
+
 def read_mooncake(path: str | Path) -> list[TraceRequest]:
-    """Read a Mooncake JSONL trace (timestamps in milliseconds); requests come back sorted by time."""
-    out: list[TraceRequest] = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                d = json.loads(line)
-                out.append(
-                    TraceRequest(
-                        t=float(d["timestamp"]) / 1000.0,
-                        input_length=int(d["input_length"]),
-                        output_length=int(d["output_length"]),
-                        hash_ids=tuple(int(h) for h in d.get("hash_ids", ())),
-                    )
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{n}: not a Mooncake trace line ({exc})") from None
-    out.sort(key=lambda r: r.t)
-    if out:
-        t0 = out[0].t
-        out = [TraceRequest(r.t - t0, r.input_length, r.output_length, r.hash_ids) for r in out]
-    return out
+    """Read a Mooncake trace (plain or gzipped; timestamps in milliseconds); requests come back sorted by time."""
+    return trace_requests(traces.read(path))
+
+
+class TraceSession(Session):
+    """A session of an aiperf multi-turn trace, replayed closed loop: each turn's prompt is the conversation so
+    far plus the turn's new tokens, the next turn comes its `delay` after the answer. A turn vLLM would refuse
+    (prompt + output over max_model_len: HTTP 400) ends the session, counted in `refused`; every later turn
+    would be longer still."""
+
+    __slots__ = ("trace", "units", "pos", "refused", "start_s")
+
+    def __init__(self, sid: int, trace: traces.Session, unit: int, max_model_len: int, start_s: float) -> None:
+        self.sid = sid
+        self.trace = trace
+        self.unit = unit
+        self.max_len = max_model_len
+        self.context = 0
+        self.turns = 0
+        self.hashes: list[int] = []
+        self.units: list = []  # cache-unit ids of the conversation, before chaining
+        self.pos = 0
+        self.refused = False
+        self.start_s = start_s
+        self.replica = None
+        self.inflight = False
+        self.done = False
+
+    def _extend(self, tokens: int, ids: tuple[int, ...]) -> None:
+        """Append `tokens` tokens whose cache units take `ids` in order, then ids of the session's own."""
+        end = self.pos + tokens
+        first = -(-self.pos // self.unit)
+        for k, j in enumerate(range(first, -(-end // self.unit))):
+            self.units.append(("b", ids[k]) if k < len(ids) else ("s", self.sid, j))
+        self.pos = end
+
+    def next_turn(self) -> tuple[int, int] | None:
+        if self.turns >= len(self.trace.turns):
+            self.done = True
+            return None
+        turn = self.trace.turns[self.turns]
+        prompt = self.context + turn.input_length
+        if prompt + turn.output_length > self.max_len:
+            self.refused = self.done = True
+            return None
+        self._extend(turn.input_length, turn.hash_ids)
+        self._extend(turn.output_length, ())
+        self.context = prompt + turn.output_length
+        self.turns += 1
+        return prompt, turn.output_length
+
+    def gap(self, finished_at: float | None = None) -> float:
+        """Seconds from the answer to the next turn: its delay, or until its timestamp."""
+        if self.turns >= len(self.trace.turns):
+            return 0.0
+        nxt = self.trace.turns[self.turns]
+        wait = nxt.delay_ms / 1000.0 if nxt.delay_ms is not None else 0.0
+        if nxt.at_ms is not None and finished_at is not None:
+            wait = max(wait, self.start_s + (nxt.at_ms - self.trace.start_ms) / 1000.0 - finished_at)
+        return wait
+
+    def block_hashes(self) -> list[int]:
+        units = self.context // self.unit
+        h = self.hashes
+        if len(h) < units:
+            prev = h[-1] if h else 0
+            for u in self.units[len(h):units]:
+                prev = hash((prev, u))
+                h.append(prev)
+        return h
 
 
 def write_mooncake(path: str | Path, requests: Iterable[TraceRequest]) -> int:

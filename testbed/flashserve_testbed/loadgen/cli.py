@@ -1,4 +1,4 @@
-"""`flashserve load`: agentic multi-turn load against an OpenAI endpoint, or a Mooncake trace replay."""
+"""`flashserve load`: agentic multi-turn load against an OpenAI endpoint, or a trace replay (Mooncake or aiperf)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flashserve load",
         description="Closed-loop agentic sessions (growing, mostly cached context; short answers; tool-call gaps) "
-                    "following an arrival schedule, or an open-loop Mooncake trace replay. Reports per-user "
+                    "following an arrival schedule, or a trace replay (Mooncake open loop, aiperf multi-turn sessions "
+                    "closed loop). Reports per-user "
                     "tok/s, TTFT and token-weighted SLA attainment. Times are engine seconds (wall x time scale).")
     p.add_argument("--base-url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8080/NS/SERVING/v1")
     p.add_argument("--model", help="model name (default: the first of /models)")
@@ -47,7 +48,10 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--max-turns", type=int, help="a session ends after this many turns")
     w.add_argument("--prompt-scale", type=float, help="multiply every prompt size and the context limits")
     t = p.add_argument_group("trace replay")
-    t.add_argument("--trace", help="Mooncake JSONL trace to replay instead of sessions")
+    t.add_argument("--trace", help="trace to replay instead of sessions: Mooncake (open loop) or aiperf multi-turn "
+                   "(sessions, closed loop), plain or gzipped, told apart by content")
+    t.add_argument("--trace-session-gap", type=float, default=1.0, metavar="S",
+                   help="aiperf sessions without a timestamp start this many seconds apart (default 1)")
     t.add_argument("--trace-speedup", type=float, default=1.0, help="replay the trace this many times faster")
     t.add_argument("--max-inflight", type=int, default=512, help="replay: most requests in flight")
     return p
@@ -99,9 +103,18 @@ def main(argv: list[str] | None = None) -> int:
                   progress_interval=args.progress_interval, headers=headers, drain_seconds=args.drain_seconds,
                   duration=args.duration, max_requests=args.max_requests)
     base = args.base_url.rstrip("/")
+    trace = None
+    if args.trace:
+        from flashserve_testbed.traces import TraceError, read
+
+        try:
+            trace = read(args.trace, limit=args.max_requests, untimed_gap_ms=args.trace_session_gap * 1000.0)
+        except TraceError as e:
+            print(f"flashserve load: --trace {e}", file=sys.stderr)
+            return 2
     try:
-        if args.trace:
-            coro = replay_trace(base, args.trace, args.model, speedup=args.trace_speedup,
+        if trace is not None:
+            coro = replay_trace(base, trace, args.model, speedup=args.trace_speedup,
                                 max_inflight=args.max_inflight, **common)
         else:
             coro = run_load(base, args.model, schedule, workload=workload, **common)

@@ -1,4 +1,5 @@
-"""Driving the load: closed-loop agentic sessions following a schedule, or an open-loop Mooncake trace replay.
+"""Driving the load: closed-loop agentic sessions following a schedule, or a trace replay (Mooncake open loop,
+aiperf multi-turn sessions closed loop).
 
 Bounded by construction: a run ends at the schedule's end (or `duration`, or `max_requests`), then gives
 requests still in flight `drain_seconds` to finish and cancels the rest.
@@ -15,6 +16,7 @@ from typing import Callable
 
 import aiohttp
 
+from flashserve_testbed import traces
 from flashserve_testbed.loadgen import mooncake
 from flashserve_testbed.loadgen import schedule as schedule_mod
 from flashserve_testbed.loadgen.client import chat_body, stream_chat
@@ -203,7 +205,7 @@ async def run_load(
 
 async def replay_trace(
     base_url: str,
-    trace: str | Path | list[mooncake.TraceRecord],
+    trace: str | Path | traces.Trace,
     model: str | None = None,
     *,
     speedup: float = 1.0,
@@ -219,49 +221,70 @@ async def replay_trace(
     drain_seconds: float = 60.0,
     request_timeout: float = 600.0,
 ) -> LoadReport:
-    """Open loop: each trace record is sent at its timestamp (over `speedup`, in engine seconds) as one chat
-    message whose prompt blocks follow its hash_ids, asking for exactly output_length tokens."""
-    records = trace if isinstance(trace, list) else mooncake.load(trace, limit=max_requests)
-    if not records:
-        raise ValueError("the trace has no records")
+    """Replays a Mooncake or aiperf multi-turn trace (flashserve_testbed.traces). Each session starts at its
+    time (over `speedup`, in engine seconds); a Mooncake request is a one-turn session, so Mooncake stays open
+    loop. An aiperf session is closed loop: each turn is sent its `delay` after the previous answer, with the
+    conversation so far (earlier prompts and the answers the endpoint gave) and the turn's new tokens, whose
+    blocks follow its hash_ids. A refused turn (e.g. HTTP 400 for a prompt over the model's context) is
+    recorded and ends its session: every later turn would be longer still."""
+    tr = trace if isinstance(trace, traces.Trace) else traces.read(trace, limit=max_requests)
     builder = mooncake.PromptBuilder(seed)
     run = _Run(base_url, time_scale, sla, max_requests, _progress_sink(progress), progress_interval, headers,
                request_timeout)
     slots = asyncio.Semaphore(max_inflight)
-    start_ms = records[0].timestamp_ms
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     async with aiohttp.ClientSession(connector=connector, read_bufsize=2**18) as http:
         model = model or await first_model(http, base_url.rstrip("/"), headers)
         tasks: set[asyncio.Task] = set()
 
-        async def send(i: int, rec: mooncake.TraceRecord) -> None:
-            try:
-                messages = [{"role": "user", "content": builder.prompt(rec, i)}]
-                await run.request(http, model, messages, rec.output_length, i, 0)
-            finally:
-                slots.release()
+        async def wait_until(at_s: float) -> None:
+            delay = at_s / time_scale - run.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+        async def session(i: int, sess: traces.Session) -> None:
+            messages: list[dict] = []
+            for k, turn in enumerate(sess.turns):
+                if k:
+                    if turn.delay_ms is not None:
+                        await wait_until(run.now() * time_scale + turn.delay_ms / 1000.0 / speedup)
+                    if turn.at_ms is not None:
+                        await wait_until(turn.at_ms / 1000.0 / speedup)
+                if run.exhausted() or (duration is not None and run.now() * time_scale > duration):
+                    return
+                messages.append({"role": "user", "content": builder.text(turn.input_length, turn.hash_ids,
+                                                                         i * 1000 + k)})  # fmt: skip
+                await slots.acquire()  # beyond max_inflight, turns are late rather than unbounded
+                try:
+                    rec, text = await run.request(http, model, messages, turn.output_length, i, k)
+                finally:
+                    slots.release()
+                if rec.error:
+                    return
+                messages.append({"role": "assistant", "content": text})
 
         run.t0 = time.monotonic()
         sampler = asyncio.ensure_future(_sample_forever(run))
         try:
-            for i, rec in enumerate(records):
-                at = (rec.timestamp_ms - start_ms) / 1000.0 / speedup
+            for i, sess in enumerate(tr.sessions):
+                at = sess.start_ms / 1000.0 / speedup
                 if (duration is not None and at > duration) or run.exhausted():
                     break
-                delay = at / time_scale - run.now()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await slots.acquire()  # beyond max_inflight, arrivals are late rather than unbounded
-                task = asyncio.ensure_future(send(i, rec))
+                await wait_until(at)
+                task = asyncio.ensure_future(session(i, sess))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-            await _drain(set(tasks), drain_seconds)
+            # closed-loop sessions go on after the last start: wait for them (bounded by the duration, if any)
+            if tasks:
+                left = None if duration is None else max(0.0, duration / time_scale - run.now())
+                _, pending = await asyncio.wait(set(tasks), timeout=left)
+                await _drain(pending, drain_seconds)
         finally:
             sampler.cancel()
         wall = run.now()
-    source = f"{len(records)} records" if isinstance(trace, list) else str(trace)
-    config = {"mode": "mooncake", "base_url": base_url, "model": model, "trace": source, "speedup": speedup,
-              "time_scale": time_scale, "duration": duration, "max_requests": max_requests, "seed": seed}
+    config = {"mode": tr.format, "base_url": base_url, "model": model, "trace": tr.source or f"{tr.requests} requests",
+              "sessions": len(tr.sessions), "speedup": speedup, "time_scale": time_scale, "duration": duration,
+              "max_requests": max_requests, "seed": seed}  # fmt: skip
     return LoadReport(run.records, wall, time_scale, sla, config, run.samples)
 
 

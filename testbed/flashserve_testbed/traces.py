@@ -1,0 +1,203 @@
+"""Request traces as users have them, read once for the benchmark (`flashserve bench autoscale --trace`) and the
+load generator (`flashserve load --trace`).
+
+Two formats, told apart by their content (never by the file name), plain or gzipped (told by gzip's magic bytes):
+
+- Mooncake (FAST'25 open traces): one JSON object a line with `timestamp` (ms since the trace began),
+  `input_length` and `output_length` (tokens) and `hash_ids` (one id per 512-token block of the prompt, equal
+  ids meaning equal blocks). Every line is one request, sent open loop at its timestamp; its prompt is the
+  whole `input_length`.
+- aiperf multi-turn (aiperf's `mooncake_trace` loader with `session_id`): lines that share a `session_id` are the
+  turns of one conversation, in file order. The first turn starts at its `timestamp` (ms); each later turn is
+  sent `delay` ms after the previous answer ended (closed loop; a later turn with only a `timestamp` is sent at
+  that time or when the previous answer ends, whichever is later). A turn's `input_length` is its new tokens:
+  its prompt is the conversation so far (earlier prompts and answers) plus them. aiperf starts sessions that
+  have no timestamp by its own concurrency settings; here they start `untimed_gap_ms` apart, in file order.
+
+Both become sessions (a Mooncake request is a one-turn session), so one replay path serves both.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+BLOCK_TOKENS = 512
+GZIP_MAGIC = b"\x1f\x8b"
+UNTIMED_GAP_MS = 1000.0
+
+Format = Literal["mooncake", "aiperf"]
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read: the message names the file, the line and the key."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    input_length: int
+    """New prompt tokens of this turn (the whole prompt for a Mooncake request)."""
+    output_length: int
+    hash_ids: tuple[int, ...] = ()
+    delay_ms: float | None = None
+    """Wait after the previous answer ended before sending this turn (later turns)."""
+    at_ms: float | None = None
+    """Earliest send time, ms from the trace's start (a first turn's start, or a later turn's timestamp)."""
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    start_ms: float
+    turns: tuple[Turn, ...]
+
+    def prompt_lengths(self, answered: list[int] | None = None) -> list[int]:
+        """Each turn's whole prompt, in tokens, if each answer is as long as its output_length (or as the
+        lengths given): earlier prompts and answers plus the turn's new tokens."""
+        out, context = [], 0
+        for i, turn in enumerate(self.turns):
+            prompt = context + turn.input_length
+            out.append(prompt)
+            context = prompt + (answered[i] if answered is not None else turn.output_length)
+        return out
+
+
+@dataclass(frozen=True)
+class Trace:
+    format: Format
+    sessions: tuple[Session, ...]
+    """Sorted by start time; start times are relative to the first (the earliest starts at 0)."""
+    source: str = ""
+
+    @property
+    def requests(self) -> int:
+        return sum(len(s.turns) for s in self.sessions)
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.format == "aiperf"
+
+
+def open_text(path: str | Path) -> io.TextIOBase:
+    """The file as text, gunzipped when its first bytes are gzip's magic number."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == GZIP_MAGIC:
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _int(doc: dict, key: str, where: str, minimum: int) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+        raise TraceError(f"{where}: `{key}` must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _ms(doc: dict, key: str, where: str) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise TraceError(f"{where}: `{key}` must be a number of milliseconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _turn(doc: dict, where: str) -> Turn:
+    for key in ("text_input", "messages", "payload"):
+        if key in doc:
+            raise TraceError(f"{where}: `{key}` traces are not replayed (their token counts are unknown): give "
+                             "`input_length` and `output_length` instead")  # fmt: skip
+    if "input_length" not in doc:
+        raise TraceError(f"{where}: a trace line needs `input_length` (prompt tokens)")
+    if "output_length" not in doc:
+        raise TraceError(f"{where}: a trace line needs `output_length` (answer tokens)")
+    ids = doc.get("hash_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+        raise TraceError(f"{where}: `hash_ids` must be a list of integers")
+    return Turn(input_length=_int(doc, "input_length", where, 1), output_length=_int(doc, "output_length", where, 1),
+                hash_ids=tuple(ids), delay_ms=_ms(doc, "delay", where), at_ms=_ms(doc, "timestamp", where))  # fmt: skip
+
+
+def read(path: str | Path, limit: int | None = None, untimed_gap_ms: float = UNTIMED_GAP_MS) -> Trace:
+    """Read a Mooncake or aiperf multi-turn trace (plain or gzipped). `limit` keeps the first that many lines.
+    Raises TraceError naming the line and the key."""
+    docs: list[tuple[int, dict]] = []
+    try:
+        with open_text(path) as fh:
+            for n, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    doc = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(f"{path}:{n}: not JSON ({exc.msg})") from None
+                if not isinstance(doc, dict):
+                    raise TraceError(f"{path}:{n}: a trace line must be a JSON object")
+                docs.append((n, doc))
+                if limit and len(docs) >= limit:
+                    break
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not a text or gzipped JSON-lines trace ({exc.reason} at byte {exc.start})") from None
+    except (OSError, EOFError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise TraceError(f"{path}: no such file") from None
+        raise TraceError(f"{path}: cannot read it ({exc})") from None
+    if not docs:
+        raise TraceError(f"{path}: the trace has no records")
+    return parse(docs, str(path), untimed_gap_ms)
+
+
+def parse(docs: list[tuple[int, dict]], source: str = "<trace>", untimed_gap_ms: float = UNTIMED_GAP_MS) -> Trace:
+    """Sessions from (line number, record) pairs: aiperf multi-turn when any record has a `session_id`."""
+    fmt: Format = "aiperf" if any("session_id" in d for _, d in docs) else "mooncake"
+    if fmt == "mooncake":
+        sessions = []
+        for n, doc in docs:
+            turn = _turn(doc, f"{source}:{n}")
+            if turn.at_ms is None:
+                raise TraceError(f"{source}:{n}: a Mooncake trace line needs `timestamp` (ms since the trace "
+                                 "began); lines with `session_id` are read as aiperf multi-turn sessions")  # fmt: skip
+            sessions.append(Session(f"req-{n}", turn.at_ms, (Turn(turn.input_length, turn.output_length,
+                                                                   turn.hash_ids, None, turn.at_ms),)))  # fmt: skip
+    else:
+        by_id: dict[str, list[Turn]] = {}
+        for n, doc in docs:
+            where = f"{source}:{n}"
+            sid = doc.get("session_id")
+            if sid is None:
+                sid = f"line-{n}"  # aiperf: a line without a session is a conversation of its own
+            elif not isinstance(sid, (str, int)) or isinstance(sid, bool) or str(sid) == "":
+                raise TraceError(f"{where}: `session_id` must be a non-empty string, got {sid!r}")
+            turn = _turn(doc, where)
+            turns = by_id.setdefault(str(sid), [])
+            if not turns and turn.delay_ms is not None and turn.at_ms is None:
+                turn = Turn(turn.input_length, turn.output_length, turn.hash_ids, None, None)  # nothing to wait for
+            turns.append(turn)
+        timed = [t[0].at_ms for t in by_id.values() if t[0].at_ms is not None]
+        t0 = min(timed) if timed else 0.0
+        sessions, untimed = [], 0
+        for sid, turns in by_id.items():
+            if turns[0].at_ms is not None:
+                sessions.append(Session(sid, turns[0].at_ms - t0, tuple(_shift(t, t0) for t in turns)))
+            else:  # from the trace's start, in file order
+                sessions.append(Session(sid, untimed * untimed_gap_ms, tuple(_shift(t, t0) for t in turns)))
+                untimed += 1
+        sessions.sort(key=lambda s: s.start_ms)
+        return Trace(fmt, tuple(sessions), source)
+    t0 = min(s.start_ms for s in sessions)
+    sessions = [Session(s.id, s.start_ms - t0, tuple(_shift(t, t0) for t in s.turns)) for s in sessions]
+    sessions.sort(key=lambda s: s.start_ms)
+    return Trace(fmt, tuple(sessions), source)
+
+
+def _shift(turn: Turn, t0: float) -> Turn:
+    if turn.at_ms is None or t0 == 0:
+        return turn
+    return Turn(turn.input_length, turn.output_length, turn.hash_ids, turn.delay_ms, turn.at_ms - t0)
