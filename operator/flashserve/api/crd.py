@@ -200,7 +200,7 @@ def _status_schema() -> dict:
     conditions = out["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
-    conditions["description"] = "Ready, Progressing, Degraded, MetricsAvailable and ScalingLimited conditions."
+    conditions["description"] = ", ".join(api.CONDITION_TYPES[:-1]) + f" and {api.CONDITION_TYPES[-1]} conditions."
     return out
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
+from flashserve.facts import engine_choices as choices
 from flashserve.facts.accelerators import AcceleratorName
 
 GROUP = "flashserve.io"
@@ -146,11 +147,9 @@ class EngineSpec(_Model):
     """Context length in tokens, as vLLM reads `--max-model-len`: an integer, a size with a decimal suffix
     (`k`, `m`: `32k` is 32000, `25.6k` is 25600) or a binary one (`K`, `M`: `32K` is 32768; whole numbers
     only), or `auto` for the model's own maximum. At most 1048576 (1M, DeepSeek V4.1's context)."""
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "nvfp4_ds_mla"] = "fp8_ds_mla"
+    kv_cache_dtype: Literal[choices.KV_CACHE_DTYPE_CHOICES] = "fp8_ds_mla"  # type: ignore[valid-type]
     """KV cache dtype; `fp8_ds_mla` is DeepSeek's FP8 MLA cache layout."""
-    attention_backend: Literal["FLASHINFER_MLA", "FLASHMLA", "CUTLASS_MLA", "TRITON_MLA", "FLASHMLA_SPARSE"] | None = (
-        None
-    )
+    attention_backend: Literal[choices.ATTENTION_BACKEND_CHOICES] | None = None  # type: ignore[valid-type]
     """MLA attention backend; unset lets vLLM choose (FLASHINFER_MLA first on Blackwell)."""
     prefix_caching: bool = True
     """Automatic prefix caching: agentic sessions resend a growing context, mostly served from cache."""
@@ -162,7 +161,7 @@ class EngineSpec(_Model):
     """Most sequences one engine (data-parallel rank) batches at once."""
     max_num_batched_tokens: int = Field(16384, ge=1, le=1048576)
     """Token budget of one engine step (prefill chunks plus decodes)."""
-    cuda_graph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] | None = None
+    cuda_graph_mode: Literal[choices.CUDA_GRAPH_MODE_CHOICES] | None = None  # type: ignore[valid-type]
     """CUDA graph mode (compilation config `cudagraph_mode`); unset keeps vLLM's default FULL_AND_PIECEWISE."""
     async_scheduling: bool | None = None
     """Overlap scheduling with execution: true renders `--async-scheduling`, false `--no-async-scheduling`;
@@ -220,19 +219,9 @@ class ParallelismSpec(_Model):
     whose data-parallel ranks span the nodes."""
     expert_parallel: bool = True
     """Expert parallelism across all ranks of the group (EP size = TP x DP)."""
-    all2all_backend: (
-        Literal[
-            "allgather_reducescatter",
-            "deepep_low_latency",
-            "deepep_high_throughput",
-            "deepep_v2",
-            "flashinfer_nvlink_one_sided",
-            "flashinfer_nvlink_two_sided",
-            "nixl_ep",
-            "moonep",
-        ]
-        | None
-    ) = Field(None, alias="all2allBackend")
+    all2all_backend: Literal[choices.ALL2ALL_BACKEND_CHOICES] | None = Field(  # type: ignore[valid-type]
+        None, alias="all2allBackend"
+    )
     """All-to-all kernel for expert parallelism; unset keeps vLLM's default. `deepep_low_latency` suits decode."""
     eplb: EPLBSpec = Field(default_factory=EPLBSpec)
     """Expert-parallel load balancer."""
@@ -392,6 +381,11 @@ class DeepSeekServingSpec(_Model):
 
 
 # --------------------------------------------------------------------------------------------- status
+
+
+# The condition types the operator writes: Ready, Progressing and Degraded from the groups, MetricsAvailable and
+# ScalingLimited from the autoscaler. Conditions of other types belong to other tools.
+CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "MetricsAvailable", "ScalingLimited")
 
 
 class Condition(_Model):
