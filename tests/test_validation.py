@@ -61,6 +61,11 @@ def test_minimal_spec_is_a_sensible_deployment():
         ({"placement": {"accelerator": "H100"}}, "spec.placement.accelerator", "GB200"),
         ({"enginee": {}}, "spec.enginee", "unknown field"),
         ({"replicas": -1}, "spec.replicas", "greater than or equal to 0"),
+        ({"replicas": "2"}, "spec.replicas", "valid integer"),  # strict JSON types, as the API server
+        ({"engine": {"prefixCaching": "yes"}}, "spec.engine.prefixCaching", "valid boolean"),
+        ({"engine": {"resources": {"cpu": "lots"}}}, "spec.engine.resources.cpu", "not a Kubernetes quantity"),
+        ({"engine": {"resources": {"memory": "0Gi"}}}, "spec.engine.resources.memory", "not positive"),
+        ({"engine": {"resources": {"shmSize": -1}}}, "spec.engine.resources.shmSize", "not positive"),
     ],
 )
 def test_rule(spec, path, words):

@@ -17,7 +17,8 @@ from pydantic import BaseModel, TypeAdapter
 
 from flashserve.api import v1alpha1 as api
 from flashserve.facts import vllm_rules
-from flashserve.facts.managed import managed_arg_pattern
+from flashserve.facts.accelerators import ACCELERATORS
+from flashserve.facts.managed import MANAGED_ENV, managed_arg_pattern
 
 _MODELS: dict[str, type[BaseModel]] = {
     name: cls
@@ -28,22 +29,54 @@ _KEEP = {
     "type", "description", "default", "enum", "format", "minimum", "maximum", "minLength", "maxLength",
     "pattern", "minItems", "maxItems", "items", "properties", "required", "additionalProperties", "nullable",
     "exclusiveMinimum", "exclusiveMaximum", "x-kubernetes-int-or-string", "x-kubernetes-validations",
-    "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "maxProperties",
 }  # fmt: skip
 
-# The rules the API server enforces at admission. validation.py holds the complete set with richer messages.
-_GPUS = "(self.placement.accelerator in ['B200', 'B300'] ? 8 : 4)"
+# The rules the API server enforces at admission: every cross-field rule of validation.py that CEL can state,
+# generated from the same facts (docs/api-validation.md lists the rest). validation.py's messages are richer.
+_ACC = "self.placement.accelerator"
 _TP = "self.parallelism.tensorParallelSize"
+
+
+def cel_list(values) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def cel_gpus_per_node(acc: str = _ACC) -> str:
+    """CEL for the GPUs per node of the accelerator named by `acc`, from the accelerator table."""
+    by_gpus: dict[int, list[str]] = {}
+    for a in ACCELERATORS.values():
+        by_gpus.setdefault(a.gpus_per_node, []).append(a.name)
+    *rest, (last, _) = sorted(by_gpus.items())
+    expr = str(last)
+    for gpus, names in reversed(rest):
+        expr = f"{acc} in {cel_list(names)} ? {gpus} : {expr}"
+    return f"({expr})"
+
+
+def cel_nvlink_domain_nodes(acc: str = _ACC) -> str:
+    """CEL for the nodes one NVLink domain of `acc` holds (1 where NVLink stops at the node)."""
+    expr = "1"
+    for a in reversed(list(ACCELERATORS.values())):
+        if a.nodes_per_nvlink_domain != 1:
+            expr = f"{acc} == '{a.name}' ? {a.nodes_per_nvlink_domain} : {expr}"
+    return f"({expr})"
+
+
+_NVLINK_NAMES = [a.name for a in ACCELERATORS.values() if a.multi_node_nvlink]
+_NVLINK = cel_list(_NVLINK_NAMES)
+_GPUS = cel_gpus_per_node()
 _DPL = f"(has(self.parallelism.dataParallelSizeLocal) ? self.parallelism.dataParallelSizeLocal : {_GPUS} / {_TP})"
-# Generated from the vLLM flag table (vllm_args.managed_arg_pattern): the item-by-item part of the extraArgs
-# guard. validation.py also refuses unknown flags, positional arguments and missing values, which need context.
+# Generated from the vLLM flag table (facts/managed.py): the item-by-item part of the extraArgs guard.
+# validation.py also refuses unknown flags, positional arguments and missing values, which need context.
 _MANAGED_ARG_RE = managed_arg_pattern()
+_GROUPS_MESSAGE = f"one serving holds at most {api.MAX_GROUPS} replica groups: split a larger fleet into several servings"
 RULES: dict[str, list[dict[str, str]]] = {
     "spec": [
         {
             "rule": f"{_TP} <= {_GPUS} && ({_GPUS} % {_TP}) == 0 && {_TP} * {_DPL} == {_GPUS}",
-            "message": "tensorParallelSize x dataParallelSizeLocal must equal the accelerator's GPUs per node "
-            "(4 for GB200/GB300, 8 for B200/B300)",
+            "message": "tensorParallelSize x dataParallelSizeLocal must equal the accelerator's GPUs per node ("
+            + ", ".join(f"{a.gpus_per_node} for {a.name}" for a in ACCELERATORS.values()) + ")",
             "fieldPath": ".parallelism.dataParallelSizeLocal",
             "reason": "FieldValueInvalid",
         },
@@ -63,19 +96,42 @@ RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
         {
-            "rule": "self.parallelism.nodesPerReplica == 1 || self.placement.accelerator in ['B200', 'B300'] "
+            "rule": f"self.parallelism.nodesPerReplica == 1 || !({_ACC} in {_NVLINK}) "
             "|| self.placement.nvlinkDomain.enabled",
-            "message": "multi-node groups on GB200/GB300 must stay in one NVLink domain: "
+            "message": "multi-node groups on multi-node NVLink systems must stay in one NVLink domain: "
             "set placement.nvlinkDomain.enabled: true",
             "fieldPath": ".placement.nvlinkDomain.enabled",
             "reason": "FieldValueInvalid",
         },
         {
+            "rule": f"self.parallelism.nodesPerReplica == 1 || !({_ACC} in {_NVLINK}) "
+            f"|| self.parallelism.nodesPerReplica <= {cel_nvlink_domain_nodes()}",
+            "message": "a multi-node group must fit one NVLink domain ("
+            + ", ".join(f"{a.nodes_per_nvlink_domain} nodes on {a.name}" for a in ACCELERATORS.values()
+                        if a.multi_node_nvlink) + "): lower nodesPerReplica",
+            "fieldPath": ".parallelism.nodesPerReplica",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"{_ACC} in {_NVLINK} || (!self.placement.computeDomain.enabled "
+            "&& !has(self.placement.computeDomain.resourceClaimTemplateName))",
+            "message": f"ComputeDomains provide multi-node NVLink (IMEX) on {'/'.join(_NVLINK_NAMES)} only: "
+            "disable placement.computeDomain",
+            "fieldPath": ".placement.computeDomain",
+            "reason": "FieldValueInvalid",
+        },
+        {
             "rule": f"self.replicas <= {api.MAX_GROUPS}",
-            "message": f"one serving holds at most {api.MAX_GROUPS} replica groups: split a larger fleet into "
-            "several servings",
+            "message": _GROUPS_MESSAGE,
             "fieldPath": ".replicas",
             "reason": "FieldValueInvalid",
+        },
+    ],
+    "ModelSpec": [
+        {
+            "rule": "self.servedModelNames.all(n, self.servedModelNames.exists_one(m, m == n))",
+            "message": "servedModelNames must be unique: remove the duplicate",
+            "fieldPath": ".servedModelNames",
         },
     ],
     "ParallelismSpec": [
@@ -84,7 +140,20 @@ RULES: dict[str, list[dict[str, str]]] = {
             "message": "EPLB needs expertParallel: true",
             "fieldPath": ".eplb.enabled",
         },
+        {
+            "rule": "!has(self.all2allBackend) || self.expertParallel",
+            "message": "an all-to-all backend only applies with expertParallel: true: enable it or unset all2allBackend",
+            "fieldPath": ".all2allBackend",
+        },
         *vllm_rules.CEL_RULES,
+    ],
+    "ComputeDomainSpec": [
+        {
+            "rule": "!self.enabled || !has(self.resourceClaimTemplateName)",
+            "message": "either create a ComputeDomain (enabled: true) or reference an existing "
+            "ResourceClaimTemplate, not both",
+            "fieldPath": ".resourceClaimTemplateName",
+        },
     ],
     "AutoscalingSpec": [
         {
@@ -94,8 +163,7 @@ RULES: dict[str, list[dict[str, str]]] = {
         },
         {
             "rule": f"self.maxReplicas <= {api.MAX_GROUPS}",
-            "message": f"one serving holds at most {api.MAX_GROUPS} replica groups: split a larger fleet into "
-            "several servings",
+            "message": _GROUPS_MESSAGE,
             "fieldPath": ".maxReplicas",
         },
     ],
@@ -109,6 +177,37 @@ RULES: dict[str, list[dict[str, str]]] = {
             "batching, buckets), secrets or a config file, in any spelling vLLM accepts: use the matching spec "
             "field (flashserve validate names it)",
             "fieldPath": ".extraArgs",
+        },
+        {
+            "rule": "self.maxNumBatchedTokens >= self.maxNumSeqs",
+            "message": "maxNumBatchedTokens must be at least maxNumSeqs, as vLLM requires",
+            "fieldPath": ".maxNumBatchedTokens",
+        },
+        {
+            "rule": "self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "message": "env names must be unique: keep one of each",
+            "fieldPath": ".env",
+        },
+    ],
+    "EnvVar": [
+        {
+            "rule": "!(self.name.upperAscii().contains('TOKEN') && (self.name.upperAscii().startsWith('HF_') "
+            "|| self.name.upperAscii().contains('HUGGING')))",
+            "message": "a Hugging Face token goes in a Secret named by spec.model.source.huggingFace.tokenSecretRef, "
+            "not in env",
+            "fieldPath": ".name",
+        },
+        {
+            "rule": f"!(self.name in {cel_list(sorted(MANAGED_ENV))})",
+            "message": "this variable is managed by the operator: remove it",
+            "fieldPath": ".name",
+        },
+        {"rule": "!(has(self.value) && has(self.valueFrom))", "message": "set value or valueFrom, not both"},
+    ],
+    "EnvVarSource": [
+        {
+            "rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+            "message": "set exactly one of secretKeyRef or configMapKeyRef",
         },
     ],
 }
@@ -161,6 +260,10 @@ def _convert(node: dict, defs: dict, model: type[BaseModel] | None = None) -> di
         out["maximum"], out["exclusiveMaximum"] = out["exclusiveMaximum"], True
     if out.get("default", 0) is None:
         del out["default"]
+    key_max = (node.get("propertyNames") or {}).get("maxLength")
+    if key_max is not None:  # structural schemas have no propertyNames: the same bound as a rule
+        out["x-kubernetes-validations"] = [{"rule": f"self.all(k, size(k) <= {key_max})",
+                                            "message": f"keys must be at most {key_max} characters"}]  # fmt: skip
     if out.get("additionalProperties") is False:
         del out["additionalProperties"]
     elif isinstance(out.get("additionalProperties"), dict):
@@ -200,7 +303,7 @@ def _status_schema() -> dict:
     conditions = out["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
-    conditions["description"] = "Ready, Progressing, Degraded, MetricsAvailable and ScalingLimited conditions."
+    conditions["description"] = ", ".join(api.CONDITION_TYPES[:-1]) + f" and {api.CONDITION_TYPES[-1]} conditions."
     return out
 
 

@@ -1,8 +1,9 @@
 """DeepSeekServing, flashserve.io/v1alpha1: the typed API and the single source of truth for the CRD.
 
 Field docstrings become the CRD's descriptions (what `kubectl explain` shows), so they are written for users.
-Single-field limits live here as constraints; rules that relate several fields live in `validation.py`
-(and, for the key ones, as CEL rules in `crd.py` so the API server rejects them at admission).
+Single-field limits live here as constraints; rules that relate several fields live in `validation.py`, and
+the same rules as CEL in `crd.py`, so the API server refuses at admission what the operator would refuse
+(docs/api-validation.md lists the few it cannot check, and why).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
+from flashserve.api.quantity import QUANTITY_JSON_SCHEMA
+from flashserve.facts import engine_choices as choices
 from flashserve.facts.accelerators import AcceleratorName
 
 GROUP = "flashserve.io"
@@ -33,14 +36,14 @@ MAX_STRING = 4096
 # Replica groups one serving may hold. A group is one node (4 GPUs on GB200/GB300, 8 on B200/B300) up to a
 # whole NVL72 rack (18 nodes, 72 GPUs), so 256 groups are 1,024 to 18,432 GPUs on up to 4,608 nodes: the size
 # of the largest Kubernetes clusters (5,000 nodes is the tested limit). A fleet larger than that spans several
-# clusters, hence several servings. It also bounds what one reconcile renders (about 1.5 s of CPU for all
-# 256 groups when the spec changes) and a full rollout at one group at a time.
+# clusters, hence several servings. It also bounds what one reconcile renders when the spec changes and a
+# full rollout at one group at a time (docs/api-validation.md).
 MAX_GROUPS = 256
 
 K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
-Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+Quantity = Annotated[int | str, Field(json_schema_extra=QUANTITY_JSON_SCHEMA)]
 MaxModelLen = Annotated[int | str, Field(json_schema_extra=MAX_MODEL_LEN_JSON_SCHEMA)]
 
 
@@ -51,6 +54,7 @@ class _Model(BaseModel):
         extra="forbid",
         use_attribute_docstrings=True,
         validate_default=True,
+        strict=True,  # JSON types as the API server reads them: no "5" for 5, no "yes" for true
     )
 
     def dump(self) -> dict:
@@ -146,11 +150,9 @@ class EngineSpec(_Model):
     """Context length in tokens, as vLLM reads `--max-model-len`: an integer, a size with a decimal suffix
     (`k`, `m`: `32k` is 32000, `25.6k` is 25600) or a binary one (`K`, `M`: `32K` is 32768; whole numbers
     only), or `auto` for the model's own maximum. At most 1048576 (1M, DeepSeek V4.1's context)."""
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "nvfp4_ds_mla"] = "fp8_ds_mla"
+    kv_cache_dtype: Literal[choices.KV_CACHE_DTYPE_CHOICES] = "fp8_ds_mla"  # type: ignore[valid-type]
     """KV cache dtype; `fp8_ds_mla` is DeepSeek's FP8 MLA cache layout."""
-    attention_backend: Literal["FLASHINFER_MLA", "FLASHMLA", "CUTLASS_MLA", "TRITON_MLA", "FLASHMLA_SPARSE"] | None = (
-        None
-    )
+    attention_backend: Literal[choices.ATTENTION_BACKEND_CHOICES] | None = None  # type: ignore[valid-type]
     """MLA attention backend; unset lets vLLM choose (FLASHINFER_MLA first on Blackwell)."""
     prefix_caching: bool = True
     """Automatic prefix caching: agentic sessions resend a growing context, mostly served from cache."""
@@ -162,7 +164,7 @@ class EngineSpec(_Model):
     """Most sequences one engine (data-parallel rank) batches at once."""
     max_num_batched_tokens: int = Field(16384, ge=1, le=1048576)
     """Token budget of one engine step (prefill chunks plus decodes)."""
-    cuda_graph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] | None = None
+    cuda_graph_mode: Literal[choices.CUDA_GRAPH_MODE_CHOICES] | None = None  # type: ignore[valid-type]
     """CUDA graph mode (compilation config `cudagraph_mode`); unset keeps vLLM's default FULL_AND_PIECEWISE."""
     async_scheduling: bool | None = None
     """Overlap scheduling with execution: true renders `--async-scheduling`, false `--no-async-scheduling`;
@@ -220,19 +222,9 @@ class ParallelismSpec(_Model):
     whose data-parallel ranks span the nodes."""
     expert_parallel: bool = True
     """Expert parallelism across all ranks of the group (EP size = TP x DP)."""
-    all2all_backend: (
-        Literal[
-            "allgather_reducescatter",
-            "deepep_low_latency",
-            "deepep_high_throughput",
-            "deepep_v2",
-            "flashinfer_nvlink_one_sided",
-            "flashinfer_nvlink_two_sided",
-            "nixl_ep",
-            "moonep",
-        ]
-        | None
-    ) = Field(None, alias="all2allBackend")
+    all2all_backend: Literal[choices.ALL2ALL_BACKEND_CHOICES] | None = Field(  # type: ignore[valid-type]
+        None, alias="all2allBackend"
+    )
     """All-to-all kernel for expert parallelism; unset keeps vLLM's default. `deepep_low_latency` suits decode."""
     eplb: EPLBSpec = Field(default_factory=EPLBSpec)
     """Expert-parallel load balancer."""
@@ -273,7 +265,7 @@ class PlacementSpec(_Model):
     accelerator: AcceleratorName = "GB200"
     """GPU system: GB200 or GB300 (4 GPUs per node, NVL72 racks) or B200 or B300 (8 GPUs per node)."""
     node_selector: dict[Annotated[str, Field(max_length=316)], Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict
+        default_factory=dict, max_length=MAX_LIST
     )
     """Extra node labels the pods require (e.g. a node pool)."""
     tolerations: list[Toleration] = Field(
@@ -312,8 +304,7 @@ class ScaleDownSpec(_Model):
     that took that long to start is not given up for less)."""
     step: int | None = Field(None, ge=1, le=100)
     """Replicas removed per step. Unset: one, except the first release after a scale-up, which removes the
-    whole surplus (a scale-up in overload is sized on a backlog that slow service swells and can buy twice
-    what the users need at the SLA); the recent peak and the delay still apply."""
+    whole surplus; the recent peak and the delay still apply."""
     peak_window_seconds: int | None = Field(None, ge=0, le=604800)
     """Never release below what the highest demand of this recent past needed: a burst shorter than a start-up
     is only served by replicas that are already there, and the last bursts predict the next. Unset uses four
@@ -338,7 +329,8 @@ class AutoscalingSpec(_Model):
     longer is steadier."""
     initial_capacity: float | None = Field(None, gt=0)
     """Concurrent users one replica serves at the SLA, as a starting estimate; the autoscaler learns the real
-    figure online. Unset: 50 per GPU (DeepSeek-V4.1-Flash on Blackwell at 100 tok/s per user)."""
+    figure online. Unset: the operator's built-in estimate for DeepSeek-V4.1-Flash on the replica's GPUs at the
+    SLA's per-user speed."""
     replica_startup_seconds: int = Field(900, ge=0, le=86400)
     """Expected time from creating a replica to serving (image pull, weight load, CUDA graphs)."""
     scale_up: ScaleUpSpec = Field(default_factory=ScaleUpSpec)
@@ -394,6 +386,11 @@ class DeepSeekServingSpec(_Model):
 # --------------------------------------------------------------------------------------------- status
 
 
+# The condition types the operator writes: Ready, Progressing and Degraded from the groups, MetricsAvailable and
+# ScalingLimited from the autoscaler. Conditions of other types belong to other tools.
+CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "MetricsAvailable", "ScalingLimited")
+
+
 class Condition(_Model):
     type: str = Field(max_length=316)
     status: Literal["True", "False", "Unknown"]
@@ -438,7 +435,7 @@ class DeepSeekServingStatus(_Model):
     last_scaling: ScalingEvent | None = None
     learned_capacity: float | None = None
     """Learned concurrent users one replica serves at the SLA."""
-    conditions: list[Condition] | None = None
+    conditions: list[Condition] | None = Field(None, max_length=MAX_LIST)
 
 
 class DeepSeekServing(_Model):

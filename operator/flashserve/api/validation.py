@@ -1,9 +1,9 @@
 """Validation of a DeepSeekServing: field types and limits (pydantic) plus rules that relate fields.
 
 Each error names the field path as users write it (`spec.parallelism.dataParallelSizeLocal`) and says how to
-fix it. The API server enforces the key cross-field rules at admission through CEL (see `crd.py`); these
-checks are the complete set, used by `flashserve render` offline and by the operator for objects that got
-past an older CRD.
+fix it. The API server enforces the same rules at admission through CEL (see `crd.py`), except the few that
+docs/api-validation.md lists; these checks are the complete set, used by `flashserve render` offline and by
+the operator for objects that got past an older CRD.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from flashserve.api import context_length
+from flashserve.api import context_length, quantity
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
 from flashserve.facts import vllm_rules
 from flashserve.facts.accelerators import accelerator
@@ -183,6 +183,11 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 "or parallelism.dbo.enabled: false",
             )
         )
+    for key in ("cpu", "memory", "shmSize"):
+        try:
+            quantity.check(getattr(eng.resources, "shm_size" if key == "shmSize" else key))
+        except ValueError as exc:
+            errs.append(FieldError(f"spec.engine.resources.{key}", str(exc)))
     for i, message in extra_args_errors(eng.extra_args):
         errs.append(FieldError(f"spec.engine.extraArgs[{i}]", message))
     seen_env: set[str] = set()

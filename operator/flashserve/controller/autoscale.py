@@ -31,6 +31,7 @@ from flashserve.autoscaling.policy import (
     ReplicaCounts,
     decide,
 )
+from flashserve.clock import now_iso
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import Observed
 from flashserve.controller.plan import group_states
@@ -56,10 +57,6 @@ class _ServingState:
     conditions: list[Cond] = field(default_factory=list)
     last_scaling: dict | None = None
     advised: int | None = None
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _round(v: float | None, digits: int = 1) -> float | None:
@@ -130,7 +127,7 @@ class Autoscaler:
             snapshot, error = None, "no Prometheus: set spec.autoscaling.prometheusUrl or the operator's --prometheus-url"
         d = decide(PolicyInputs(now, snapshot, counts, cfg, error), st.policy)
         st.policy, st.decision = d.state, d
-        st.conditions = [Cond(c.type, c.status, c.reason, c.message) for c in d.conditions]
+        st.conditions = list(d.conditions)
         self.decisions[(namespace, name, d.reason)] += 1
 
         scaled = None
@@ -146,7 +143,7 @@ class Autoscaler:
                 return st.conditions, None
             scaled = d.desired
             persist = True
-            st.last_scaling = {"time": _now_iso(), "from": d.current, "to": d.desired, "reason": d.reason}
+            st.last_scaling = {"time": now_iso(), "from": d.current, "to": d.desired, "reason": d.reason}
             kind = "Warning" if d.overrode_outside_change else "Normal"
             note = " (overriding an outside change of spec.replicas: the autoscaler owns it)" if d.overrode_outside_change else ""
             kopf.event(body, type=kind, reason="Scaled", message=f"{d.current} -> {d.desired} replicas: {d.reason}: {d.message}{note}")

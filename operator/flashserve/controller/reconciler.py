@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -20,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flashserve.api.v1alpha1 import DeepSeekServing
+from flashserve.clock import now_iso
 from flashserve.api.validation import SpecError, parse_spec
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import (
@@ -74,10 +74,6 @@ def _planned(obj: DeepSeekServing, mine: Observed) -> tuple[Plan, list[str]]:
 
 def _digest(obj: dict) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 @dataclass

@@ -9,11 +9,10 @@ by other tools) are kept as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from flashserve.api.v1alpha1 import CONDITION_TYPES
+from flashserve.autoscaling.policy import ConditionHint as Cond  # one condition type for the policy and us
 from flashserve.controller.plan import GroupState
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "MetricsAvailable", "ScalingLimited")
 MESSAGE_MAX_BYTES = 4096
 REASON_MAX = 1024
 
@@ -45,14 +44,6 @@ def join_capped(parts: list[str], sep: str = "; ", limit: int = MESSAGE_MAX_BYTE
             return cap(part, limit - len(f"{sep}… and {left - 1} more".encode())) + (f"{sep}… and {left - 1} more" if left > 1 else "")
         return "".join(out) + more
     return "".join(out)
-
-
-@dataclass(frozen=True)
-class Cond:
-    type: str
-    status: str  # "True" | "False" | "Unknown"
-    reason: str
-    message: str = ""
 
 
 def previous_conditions(last_written: list[dict] | None, on_object: list[dict] | None) -> list[dict]:

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-AcceleratorName = Literal["GB200", "GB300", "B200", "B300"]
-
-
 @dataclass(frozen=True)
 class Accelerator:
     name: str
@@ -24,6 +21,8 @@ ACCELERATORS: dict[str, Accelerator] = {
     "B200": Accelerator("B200", 8, ("NVIDIA-B200",), False, 1, 180),
     "B300": Accelerator("B300", 8, ("NVIDIA-B300", "NVIDIA-B300-SXM6-AC"), False, 1, 270),
 }
+# The API's enum of accelerators is these names; the CRD's CEL rules are generated from the table too.
+AcceleratorName = Literal[tuple(ACCELERATORS)]  # type: ignore[valid-type]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"

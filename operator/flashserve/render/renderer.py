@@ -235,7 +235,7 @@ def _group_context(obj: DeepSeekServing, lay: Layout, index: int) -> dict:
         "nodes": lay.nodes,
         "group_labels": group_labels,
         "group_selector": group_selector,
-        "template_hash": thash,
+        "sts_annotations": {TEMPLATE_HASH_ANNOTATION: thash},
         "pod_annotations": {
             TEMPLATE_HASH_ANNOTATION: thash,
             "prometheus.io/scrape": "true",

@@ -7,13 +7,10 @@ The local cluster's contract (docs/local-cluster.md): conditions are merged by `
 from __future__ import annotations
 
 import copy
-import datetime as dt
+
+from flashserve.clock import now_iso
 
 READY_TYPES = ("Ready", "ContainersReady")
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(pod: dict, ctype: str) -> dict:

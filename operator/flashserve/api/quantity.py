@@ -1,0 +1,48 @@
+"""`spec.engine.resources`: Kubernetes resource quantities, as the API server reads them.
+
+The grammar is apimachinery's `resource.ParseQuantity`: an optional sign, a decimal number (`1`, `1.5`, `.5`,
+`1.`), then nothing, a decimal SI suffix (`n u m k M G T P E`), a binary one (`Ki Mi Gi Ti Pi Ei`) or an
+exponent (`e3`, `E-2`). A value the API server would not read as a positive quantity makes the StatefulSet
+that carries it invalid, so the API refuses it first; the CEL rule (the quantity library's `isQuantity`) and
+this module say the same, and the admission differential (e2e/test_admission_differential.py) holds them to
+each other.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+MAX_LENGTH = 64  # characters of the string form
+_RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+HINT = "use a positive Kubernetes quantity such as 32, 500m, 256Gi or 1.5e3"
+
+
+def check(value: int | str) -> None:
+    """Raises ValueError (with the fix) unless `value` is a positive quantity."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a quantity: {HINT}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{value!r} is not positive: {HINT}")
+        return
+    m = _RE.fullmatch(value) if 0 < len(value) <= MAX_LENGTH else None
+    if m is None:
+        raise ValueError(f"{value[:40]!r} is not a Kubernetes quantity: {HINT}")
+    sign, whole, frac, _ = m.groups()
+    if sign == "-" or Decimal(f"0{whole}.{frac or ''}0") == 0:
+        raise ValueError(f"{value!r} is not positive: {HINT}")
+
+
+def cel_rules() -> list[dict[str, str]]:
+    """The same for the API server (x-kubernetes-validations of the int-or-string field)."""
+    return [
+        {
+            "rule": f"type(self) == int ? self > 0 : (size(self) <= {MAX_LENGTH} && isQuantity(self) && "
+            "quantity(self).isGreaterThan(quantity('0')))",
+            "message": f"must be a positive quantity of at most {MAX_LENGTH} characters: {HINT}",
+        }
+    ]
+
+
+QUANTITY_JSON_SCHEMA = {"x-kubernetes-int-or-string": True, "x-kubernetes-validations": cel_rules()}
