@@ -42,9 +42,9 @@ class FakeKube:
     StatefulSets get their pods at once, ready unless their name is in `unready`.
 
     Every call is recorded in `calls`, also the ones that fail. `errors[(verb, kind)]` is raised by every such
-    call, before it changes anything (verbs: apply, get, delete, replicas, status; a status patch is of kind
-    DeepSeekServing): an error as it reaches the controller through the real Kube, which already turns a 404
-    or 409 on delete into success."""
+    call, or, when it is a list, by the next calls one each; before the call changes anything (verbs: apply,
+    get, delete, replicas, status; a status patch is of kind DeepSeekServing). They are errors as they reach the
+    controller through the real Kube, which already turns a 404 or 409 on delete into success."""
 
     def __init__(self):
         self.objects: dict[tuple[str, str, str], dict] = {}
@@ -52,11 +52,15 @@ class FakeKube:
         self.status: dict[tuple[str, str], dict] = {}
         self.status_patches: list[dict] = []  # each status patch as sent
         self.unready: set[str] = set()
-        self.errors: dict[tuple[str, str], BaseException] = {}
+        self.errors: dict[tuple[str, str], BaseException | list[BaseException]] = {}
         self.requests = 0
 
     def _fail(self, verb: str, kind: str) -> None:
         exc = self.errors.get((verb, kind))
+        if isinstance(exc, list):  # one error per call, then the calls succeed
+            exc = exc.pop(0)
+            if not self.errors[(verb, kind)]:
+                del self.errors[(verb, kind)]
         if exc is not None:
             raise exc
 
@@ -230,3 +234,35 @@ def evaluate(scaler: Autoscaler, body: dict, observed: Observed, kube: Recording
     obj = parse_serving(body)
     # The StatefulSets carry no template hash here: readiness is what the autoscaler counts.
     return asyncio.run(scaler.evaluate(body, obj, observed, kube, logging.getLogger("test")))
+
+
+# -- the HTTP side of the real Kube
+
+
+class FakeResponse:
+    def __init__(self, status: int, body: bytes):
+        self.status, self.reason, self._body = status, "OK" if status < 400 else "Error", body
+
+    def read(self) -> bytes:
+        return self._body
+
+
+class FakeApiClient:
+    """Stands in for kubernetes.client.ApiClient under the real Kube: records each request and answers
+    `answers[(method, path)]` (a status and a Status object's message, or a JSON body), else 200 `{}`."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.answers: dict[tuple[str, str], tuple[int, object]] = {}
+
+    def param_serialize(self, method, resource_path, query_params, header_params, body, auth_settings):
+        self._query = list(query_params)
+        return method, resource_path, header_params, body, []
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        self.requests.append({"method": method, "path": url, "query": self._query, "headers": header_params,
+                              "body": body})  # fmt: skip
+        status, answer = self.answers.get((method, url), (200, {}))
+        if isinstance(answer, str):  # an error message: sent as the API server sends it
+            return FakeResponse(status, api_error(status, answer).body)
+        return FakeResponse(status, json.dumps(answer).encode())
