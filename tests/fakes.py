@@ -1,18 +1,34 @@
-"""Fakes shared by the controller tests: an in-memory API server behind the Kube interface, and what the
-operator's watches would show of it."""
+"""Fakes shared by the tests: an in-memory API server behind the Kube interface and what the operator's
+watches would show of it, the controller wired to it, and a Prometheus that answers canned values.
+
+Test modules import fakes from here (builders from tests/builders.py, fixtures from conftest.py), never from
+one another."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import logging
+import time
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, urlparse
 
+from flashserve.api.validation import parse_serving
+from flashserve.autoscaling.allowlist import PrometheusAllowList
+from flashserve.autoscaling.promql import Queries
+from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.observe import Observed, PodView, slim
-from flashserve.render.naming import GROUP_LABEL, SERVING_LABEL
+from flashserve.controller.reconciler import Controller
+from flashserve.render.naming import GROUP_LABEL, SERVING_LABEL, legacy_serving_label_value, serving_label_value
 from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
 from kubernetes.client.rest import ApiException
 
+from tests.builders import NS
+
 WATCHED = {"StatefulSet": "statefulsets", "Service": "services", "PodDisruptionBudget": "pdbs",
            "NetworkPolicy": "netpols"}  # fmt: skip
+SERVING_KIND = "DeepSeekServing"  # the kind `errors` keys a status patch under
 
 
 def api_error(status: int, message: str) -> ApiException:
@@ -23,15 +39,34 @@ def api_error(status: int, message: str) -> ApiException:
 
 class FakeKube:
     """Objects by (kind, namespace, name). Apply replaces the object (enough for what the operator sets);
-    StatefulSets get their pods at once, ready unless their name is in `unready`."""
+    StatefulSets get their pods at once, ready unless their name is in `unready`.
+
+    Every call is recorded in `calls`, also the ones that fail. `errors[(verb, kind)]` is raised by every such
+    call, or, when it is a list, by the next calls one each; before the call changes anything (verbs: apply,
+    get, delete, replicas, status; a status patch is of kind DeepSeekServing). They are errors as they reach the
+    controller through the real Kube, which already turns a 404 or 409 on delete into success."""
 
     def __init__(self):
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.calls: list[tuple] = []
         self.status: dict[tuple[str, str], dict] = {}
+        self.status_patches: list[dict] = []  # each status patch as sent
         self.unready: set[str] = set()
-        self.refuse: dict[str, ApiException] = {}  # kind -> error every write of that kind gets
+        self.errors: dict[tuple[str, str], BaseException | list[BaseException]] = {}
         self.requests = 0
+
+    def _fail(self, verb: str, kind: str) -> None:
+        exc = self.errors.get((verb, kind))
+        if isinstance(exc, list):  # one error per call, then the calls succeed
+            exc = exc.pop(0)
+            if not self.errors[(verb, kind)]:
+                del self.errors[(verb, kind)]
+        if exc is not None:
+            raise exc
+
+    def writes(self) -> list[tuple]:
+        """The calls that change something (all but reads)."""
+        return [c for c in self.calls if c[0] != "get"]
 
     # -- the Kube interface
 
@@ -39,8 +74,7 @@ class FakeKube:
         self.requests += 1
         meta = obj["metadata"]
         self.calls.append(("apply", obj["kind"], meta["name"]))
-        if obj["kind"] in self.refuse:
-            raise self.refuse[obj["kind"]]
+        self._fail("apply", obj["kind"])
         key = (obj["kind"], meta["namespace"], meta["name"])
         stored = copy.deepcopy(obj)
         stored["metadata"].setdefault("uid", f"uid-{obj['kind']}-{meta['name']}")
@@ -49,12 +83,14 @@ class FakeKube:
     def get(self, namespace: str, kind: str, name: str) -> dict | None:
         self.requests += 1
         self.calls.append(("get", kind, name))
+        self._fail("get", kind)
         obj = self.objects.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
     def delete(self, namespace: str, kind: str, name: str, uid: str | None = None) -> None:
         self.requests += 1
         self.calls.append(("delete", kind, name))
+        self._fail("delete", kind)
         obj = self.objects.get((kind, namespace, name))
         if obj is not None and (uid is None or obj["metadata"].get("uid") == uid):
             del self.objects[(kind, namespace, name)]
@@ -62,11 +98,14 @@ class FakeKube:
     def patch_replicas(self, namespace: str, statefulset: str, replicas: int) -> None:
         self.requests += 1
         self.calls.append(("replicas", statefulset, replicas))
+        self._fail("replicas", "StatefulSet")
         self.objects[("StatefulSet", namespace, statefulset)]["spec"]["replicas"] = replicas
 
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
         self.requests += 1
         self.calls.append(("status", name))
+        self._fail("status", SERVING_KIND)
+        self.status_patches.append(copy.deepcopy(status))
         self.status[(namespace, name)] = {**self.status.get((namespace, name), {}), **copy.deepcopy(status)}
 
     def annotate(self, namespace: str, name: str, key: str, value: str) -> None:
@@ -97,3 +136,133 @@ class FakeKube:
                     out.pods.append(PodView(f"{name}-{k}", group, h, name not in self.unready, False, "Running",
                                             False, 0, "node"))  # fmt: skip
         return out
+
+
+# -- the controller wired to a FakeKube
+
+
+def controller(kube: FakeKube) -> Controller:
+    c = Controller(api=None)  # type: ignore[arg-type]
+    c.kube = kube
+    return c
+
+
+def reconcile(c: Controller, kube: FakeKube, b: dict) -> dict:
+    """One reconcile of `b`, seeing what the watches would show of `kube`; the serving's status after it."""
+    name = b["metadata"]["name"]
+    observed = kube.observed(NS, serving_label_value(name), legacy_serving_label_value(name))
+    asyncio.run(c.reconcile(b, observed, logging.getLogger("test")))
+    return kube.status.get((NS, name), {})
+
+
+def install(kube: FakeKube, objs: list[dict]) -> None:
+    """Objects that exist before the test starts (their writes are not the test's)."""
+    for o in objs:
+        kube.apply(o)
+    kube.calls.clear()
+
+
+def conditions(status: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in status.get("conditions", [])}
+
+
+# -- a Prometheus with canned answers, and the autoscaler reading it
+
+QUERIES = Queries("team-a", "flash", window_s=60, percentile=90)
+BY_QUERY = {q: name for name, q in QUERIES.all().items()}
+CANNED = {
+    "sample_age": 4.0, "running": 500.0, "waiting": 20.0, "running_avg": 480.0,
+    "generation_tokens_rate": 48_100.0, "first_tokens_rate": 100.0, "itl_steps_rate": 30_000.0,
+    "tpot_requests_rate": 95.0, "tpot_at_percentile": 0.0095, "tpot_p50": 0.008, "itl_at_percentile": 0.016, "itl_p50": 0.012, "kv_usage_avg": 0.55, "kv_usage_max": 0.7,
+    "ttft_at_percentile": 1.5, "replicas_reporting": 2.0,
+}  # fmt: skip
+
+
+class FakePrometheus(BaseHTTPRequestHandler):
+    """Answers the instant queries of QUERIES with `values`; `mode` makes it hang, fail, answer no series or NaN."""
+
+    mode = "ok"
+    seen: list[str] = []
+    values: dict = CANNED
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urlparse(self.path)
+        query = parse_qs(url.query).get("query", [""])[0]
+        type(self).seen.append(query)
+        if self.mode == "hang":
+            time.sleep(3.0)
+        if self.mode == "error" or url.path != "/api/v1/query":
+            return self._send(500, {"status": "error", "error": "boom"})
+        name = BY_QUERY.get(query)
+        value = None if self.mode == "empty" else self.values.get(name) if name else None
+        if self.mode == "nan" and name in ("itl_at_percentile", "tpot_at_percentile"):
+            value = float("nan")
+        result = [] if value is None else [{"metric": {}, "value": [time.time(), repr(float(value))]}]
+        self._send(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class RecordingKube:
+    """The two writes the autoscaler makes, recorded instead of sent."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def patch_spec_replicas(self, namespace, name, replicas, resource_version):
+        self.calls.append(("replicas", namespace, name, replicas, resource_version))
+
+    def annotate(self, namespace, name, key, value):
+        self.calls.append(("annotate", key, json.loads(value)))
+
+
+def loopback_scaler() -> Autoscaler:
+    """The fake Prometheus listens on 127.0.0.1, which a serving may name only when the operator allows it."""
+    return Autoscaler(allow=PrometheusAllowList(entries=("127.0.0.1",)))
+
+
+def evaluate(scaler: Autoscaler, body: dict, observed: Observed, kube: RecordingKube):
+    obj = parse_serving(body)
+    # The StatefulSets carry no template hash here: readiness is what the autoscaler counts.
+    return asyncio.run(scaler.evaluate(body, obj, observed, kube, logging.getLogger("test")))
+
+
+# -- the HTTP side of the real Kube
+
+
+class FakeResponse:
+    def __init__(self, status: int, body: bytes):
+        self.status, self.reason, self._body = status, "OK" if status < 400 else "Error", body
+
+    def read(self) -> bytes:
+        return self._body
+
+
+class FakeApiClient:
+    """Stands in for kubernetes.client.ApiClient under the real Kube: records each request and answers
+    `answers[(method, path)]` (a status and a Status object's message, or a JSON body), else 200 `{}`."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.answers: dict[tuple[str, str], tuple[int, object]] = {}
+
+    def param_serialize(self, method, resource_path, query_params, header_params, body, auth_settings):
+        self._query = list(query_params)
+        return method, resource_path, header_params, body, []
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        self.requests.append({"method": method, "path": url, "query": self._query, "headers": header_params,
+                              "body": body})  # fmt: skip
+        status, answer = self.answers.get((method, url), (200, {}))
+        if isinstance(answer, str):  # an error message: sent as the API server sends it
+            return FakeResponse(status, api_error(status, answer).body)
+        return FakeResponse(status, json.dumps(answer).encode())

@@ -3,85 +3,13 @@ Prometheus is a fake HTTP server on 127.0.0.1; the Kubernetes writes are recorde
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
-from flashserve.api.validation import parse_serving
-from flashserve.autoscaling.allowlist import PrometheusAllowList
-from flashserve.controller import autoscale as autoscale_mod
-from flashserve.controller.autoscale import STATE_ANNOTATION, Autoscaler
-from flashserve.controller.observe import Observed, PodView
+from flashserve.controller.autoscale import STATE_ANNOTATION
 
-from tests.autoscaling.test_metrics import CANNED, FakePrometheus
-
-
-def loopback_scaler() -> Autoscaler:
-    """The fake Prometheus listens on 127.0.0.1, which a serving may name only when the operator allows it."""
-    return Autoscaler(allow=PrometheusAllowList(entries=("127.0.0.1",)))
-
-
-class RecordingKube:
-    def __init__(self):
-        self.calls: list[tuple] = []
-
-    def patch_spec_replicas(self, namespace, name, replicas, resource_version):
-        self.calls.append(("replicas", namespace, name, replicas, resource_version))
-
-    def annotate(self, namespace, name, key, value):
-        self.calls.append(("annotate", key, json.loads(value)))
-
-
-@pytest.fixture
-def prometheus():
-    FakePrometheus.mode, FakePrometheus.values = "ok", dict(CANNED)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", FakePrometheus
-    server.shutdown()
-
-
-@pytest.fixture
-def events(monkeypatch):
-    seen: list[dict] = []
-    monkeypatch.setattr(autoscale_mod.kopf, "event", lambda body, **kw: seen.append(kw))
-    return seen
-
-
-def body_for(url: str, mode: str = "Active", replicas: int = 2) -> dict:
-    return {
-        "apiVersion": "flashserve.io/v1alpha1",
-        "kind": "DeepSeekServing",
-        "metadata": {"name": "flash", "namespace": "team-a", "uid": "u", "resourceVersion": "42", "generation": 1},
-        "spec": {"replicas": replicas, "autoscaling": {"enabled": True, "mode": mode, "minReplicas": 1, "maxReplicas": 8,
-                                                       "prometheusUrl": url, "gpuHourlyCost": 6.0}},  # fmt: skip
-    }
-
-
-def ready_observed(groups: int) -> Observed:
-    from flashserve.controller.observe import slim
-
-    obs = Observed()
-    for i in range(groups):
-        name = f"flash-g{i}"
-        obs.statefulsets[name] = slim({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {
-            "name": name, "labels": {"flashserve.io/group": str(i)}, "annotations": {}}, "spec": {"replicas": 1}})  # fmt: skip
-        obs.pods.append(PodView(f"{name}-0", i, "", True, False, "Running", False, 0, "n"))
-    return obs
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def evaluate(scaler: Autoscaler, body: dict, observed: Observed, kube: RecordingKube):
-    obj = parse_serving(body)
-    # The StatefulSets carry no template hash here: readiness is what the autoscaler counts.
-    return run(scaler.evaluate(body, obj, observed, kube, logging.getLogger("test")))
+from tests.builders import body_for, ready_observed
+from tests.fakes import RecordingKube, evaluate, loopback_scaler
 
 
 def test_breach_scales_up_at_once_and_reports(prometheus, events):
@@ -122,13 +50,14 @@ def test_prometheus_down_holds_with_metrics_unavailable(events):
 
 
 def test_evaluations_are_paced_by_the_interval(prometheus, events):
-    url, _ = prometheus
+    url, fake = prometheus
     scaler, kube = loopback_scaler(), RecordingKube()
     body = body_for(url)
     evaluate(scaler, body, ready_observed(2), kube)
-    seen = len(FakePrometheus.seen)
+    seen = len(fake.seen)
+    assert seen > 0, "the first evaluation queries"
     evaluate(scaler, body, ready_observed(2), kube)
-    assert len(FakePrometheus.seen) == seen, "a second evaluation inside the interval must not query again"
+    assert len(fake.seen) == seen, "a second evaluation inside the interval must not query again"
     assert 0 < scaler.next_evaluation_in(body) <= 15
 
 

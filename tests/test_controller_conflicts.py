@@ -7,15 +7,8 @@ import time
 
 from kubernetes.client.rest import ApiException
 
-from tests.test_controller_autoscale import (  # noqa: F401 - fixtures
-    RecordingKube,
-    body_for,
-    evaluate,
-    events,
-    loopback_scaler,
-    prometheus,
-    ready_observed,
-)
+from tests.builders import body_for, ready_observed
+from tests.fakes import RecordingKube, evaluate, loopback_scaler
 
 
 class ConflictingKube(RecordingKube):
@@ -33,7 +26,7 @@ class ConflictingKube(RecordingKube):
         super().patch_spec_replicas(namespace, name, replicas, resource_version)
 
 
-def test_conflict_on_the_replicas_write_is_retried_on_the_next_version(prometheus, events):  # noqa: F811
+def test_conflict_on_the_replicas_write_is_retried_on_the_next_version(prometheus, events):
     url, fake = prometheus
     fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
     scaler, kube = loopback_scaler(), ConflictingKube()

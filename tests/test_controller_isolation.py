@@ -4,14 +4,10 @@ write the API server refuses ends up in status instead of aborting the reconcile
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import logging
 
 import pytest
 from flashserve.api.validation import parse_serving
-from flashserve.controller import reconciler as reconciler_mod
-from flashserve.controller.reconciler import Controller
 from flashserve.render.naming import (
     GROUP_LABEL,
     GROUP_NAME_LABEL,
@@ -22,46 +18,11 @@ from flashserve.render.naming import (
     legacy_service_name,
     legacy_serving_label_value,
     service_name,
-    serving_label_value,
 )
 from flashserve.render.renderer import render_serving
 
-from tests.fakes import FakeKube, api_error
-
-NS = "team-a"
-
-
-@pytest.fixture
-def events(monkeypatch):
-    seen: list[dict] = []
-    monkeypatch.setattr(reconciler_mod.kopf, "event", lambda body, **kw: seen.append(kw))
-    return seen
-
-
-def body(name: str, spec: dict | None = None, uid: str | None = None, status: dict | None = None) -> dict:
-    out = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
-           "metadata": {"name": name, "namespace": NS, "uid": uid or f"uid-{name}", "generation": 1},
-           "spec": spec if spec is not None else {"replicas": 1}}  # fmt: skip
-    if status is not None:
-        out["status"] = status
-    return out
-
-
-def controller(kube: FakeKube) -> Controller:
-    c = Controller(api=None)  # type: ignore[arg-type]
-    c.kube = kube
-    return c
-
-
-def reconcile(c: Controller, kube: FakeKube, b: dict) -> dict:
-    name = b["metadata"]["name"]
-    observed = kube.observed(NS, serving_label_value(name), legacy_serving_label_value(name))
-    asyncio.run(c.reconcile(b, observed, logging.getLogger("test")))
-    return kube.status.get((NS, name), {})
-
-
-def conditions(status: dict) -> dict[str, dict]:
-    return {c["type"]: c for c in status.get("conditions", [])}
+from tests.builders import NS, body
+from tests.fakes import FakeKube, api_error, conditions, controller, install, reconcile
 
 
 def legacy_children(b: dict) -> list[dict]:
@@ -95,12 +56,6 @@ def legacy_children(b: dict) -> list[dict]:
             relabel(o["spec"]["selector"]["matchLabels"])
         out.append(o)
     return out
-
-
-def install(kube: FakeKube, objs: list[dict]) -> None:
-    for o in objs:
-        kube.apply(o)
-    kube.calls.clear()
 
 
 def test_dotted_and_dashed_names_do_not_touch_each_other(events):
@@ -145,7 +100,7 @@ def test_a_name_taken_by_another_object_is_refused_and_reported(events):
 
 def test_an_apply_the_api_server_refuses_is_reported_not_raised(events):
     kube = FakeKube()
-    kube.refuse["StatefulSet"] = api_error(422, 'StatefulSet.apps "x" is invalid: spec.template: ' + "x" * 5000)
+    kube.errors[("apply", "StatefulSet")] = api_error(422, 'StatefulSet.apps "x" is invalid: spec.template: ' + "x" * 5000)
     c = controller(kube)
     status = reconcile(c, kube, body("flash", {"replicas": 2}))
     degraded = conditions(status)["Degraded"]
@@ -157,7 +112,7 @@ def test_an_apply_the_api_server_refuses_is_reported_not_raised(events):
     assert status["observedGeneration"] == 1 and status["replicas"] == 0
     assert not [e for e in events if e["reason"] == "GroupsCreated"], "groups that were not written are not announced"
 
-    del kube.refuse["StatefulSet"]
+    del kube.errors[("apply", "StatefulSet")]
     status = reconcile(c, kube, body("flash", {"replicas": 2}, status=status))
     assert conditions(status)["Degraded"]["status"] == "False", "cleared once the write goes through"
     assert kube.names("StatefulSet") == {group_name("flash", 0), group_name("flash", 1)}
@@ -167,7 +122,7 @@ def test_pods_of_a_group_whose_statefulset_was_refused_are_not_replaced(events):
     kube = FakeKube()
     c = controller(kube)
     reconcile(c, kube, body("flash", {"replicas": 1}))
-    kube.refuse["StatefulSet"] = api_error(422, "denied by admission webhook")
+    kube.errors[("apply", "StatefulSet")] = api_error(422, "denied by admission webhook")
     kube.calls.clear()
     reconcile(c, kube, body("flash", {"replicas": 1, "engine": {"image": "vllm/vllm-openai:v0.33.1"}}))
     assert not [call for call in kube.calls if call[:2] == ("delete", "Pod")], "old pods would come back unchanged"

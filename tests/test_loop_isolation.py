@@ -14,8 +14,8 @@ from flashserve.controller.leader import LeaseElector
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.fakes import FakeKube
-from tests.test_controller_isolation import body, controller
+from tests.builders import body
+from tests.fakes import FakeKube, controller
 
 
 def test_reconcile_plans_on_a_thread_that_is_not_the_event_loop(monkeypatch):

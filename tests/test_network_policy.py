@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from flashserve.render.renderer import render
 
+from tests.builders import by_kind, cr
 from tests.netpol_eval import Pod, allowed
-from tests.test_render import by_kind, cr
 
 NS = "team-a"
 API, RPC, NCCL = 8000, 29550, 40123  # NCCL's bootstrap and socket transport pick ephemeral ports

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from flashserve.api.validation import parse_serving
-from flashserve.controller.observe import Observed, PodView, slim
+from flashserve.controller.observe import Observed
 from flashserve.controller.plan import plan
 from flashserve.render.naming import group_name
 from flashserve.render.renderer import render_serving, template_hash
+
+from tests.builders import observe
 
 
 def G(i: int) -> str:
@@ -16,32 +18,6 @@ def G(i: int) -> str:
 def serving(spec: dict):
     return parse_serving({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
                           "metadata": {"name": "flash", "namespace": "ns", "uid": "u1"}, "spec": spec})  # fmt: skip
-
-
-def observe(obj, *, ready: bool = True, hash_override: dict[int, str] | None = None, pod_hash: dict[str, str] | None = None) -> Observed:
-    """The children as the API server would hold them after applying `obj`, with pods per group."""
-    hash_override = hash_override or {}
-    pod_hash = pod_hash or {}
-    out = Observed()
-    nodes = obj.spec.parallelism.nodes_per_replica
-    for o in render_serving(obj):
-        live = slim(o)
-        kind, name = o["kind"], o["metadata"]["name"]
-        if kind == "StatefulSet":
-            idx = int(o["metadata"]["labels"]["flashserve.io/group"])
-            h = hash_override.get(idx, template_hash(obj.spec))
-            live["metadata"]["annotations"]["flashserve.io/template-hash"] = h
-            out.statefulsets[name] = live
-            for k in range(nodes):
-                pname = f"{name}-{k}"
-                out.pods.append(PodView(pname, idx, pod_hash.get(pname, h), ready, False, "Running", False, 0, "n"))
-        elif kind == "Service":
-            out.services[name] = live
-        elif kind == "PodDisruptionBudget":
-            out.pdbs[name] = live
-        elif kind == "NetworkPolicy":
-            out.netpols[name] = live
-    return out
 
 
 def test_in_sync_makes_no_writes():

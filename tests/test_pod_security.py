@@ -9,8 +9,8 @@ import pytest
 import yaml
 from flashserve.render.renderer import render
 
+from tests.builders import cr, pod
 from tests.pod_security import strictest_level, violations
-from tests.test_render import cr, pod
 
 SAMPLES = sorted((Path(__file__).resolve().parents[1] / "manifests" / "samples").glob("*.yaml"))
 

@@ -10,14 +10,8 @@ import pytest
 from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
 from flashserve.controller.main import _parser
 
-from tests.test_controller_autoscale import (  # noqa: F401
-    RecordingKube,
-    body_for,
-    evaluate,
-    events,
-    loopback_scaler,
-    ready_observed,
-)
+from tests.builders import body_for, ready_observed
+from tests.fakes import RecordingKube, evaluate, loopback_scaler
 
 
 @pytest.mark.parametrize(

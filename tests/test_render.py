@@ -8,18 +8,7 @@ from flashserve.api.validation import parse_serving
 from flashserve.render.naming import group_name
 from flashserve.render.renderer import _env, render, render_serving, template_hash
 
-
-def cr(spec: dict, name: str = "flash", **meta) -> dict:
-    return {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
-            "metadata": {"name": name, "namespace": "ns", **meta}, "spec": spec}  # fmt: skip
-
-
-def by_kind(objs: list[dict], kind: str) -> list[dict]:
-    return [o for o in objs if o["kind"] == kind]
-
-
-def pod(objs: list[dict], i: int = 0) -> dict:
-    return by_kind(objs, "StatefulSet")[i]["spec"]["template"]["spec"]
+from tests.builders import by_kind, cr, pod
 
 
 def test_templates_refuse_values_without_tojson():

@@ -11,7 +11,7 @@ from flashserve.render import cache as cache_mod
 from flashserve.render.cache import RenderCache
 from flashserve.render.renderer import render_serving
 
-from tests.test_plan import observe
+from tests.builders import observe
 
 
 def serving(replicas: int, name: str = "flash", uid: str = "u1", image: str | None = None):

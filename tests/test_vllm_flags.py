@@ -32,14 +32,8 @@ from flashserve.facts.vllm_flags import (
 )
 from flashserve.render.vllm_args import START_RANK_SCRIPT, vllm_args
 
-# Sub-keys of the JSON-valued managed settings, for their `--flag.key=value` spellings.
-SUB_KEYS = {
-    "compilation_config": "cudagraph_mode=NONE",
-    "speculative_config": "num_speculative_tokens=2",
-    "eplb_config": "window_size=10",
-    "attention_config": "backend=FLASHMLA",
-    "custom_histogram_buckets": "inter_token_latency=[0.1]",
-}
+from tests.builders import SUB_KEYS
+
 CEL = re.compile(managed_arg_pattern())
 ALL_SPELLINGS = [(o, s) for o in OPTIONS for s in spellings(o, SUB_KEYS.get(o.dest))]
 REFUSED = [(o, s) for o, s in ALL_SPELLINGS if o.dest in REFUSED_DESTS]

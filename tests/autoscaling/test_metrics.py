@@ -3,59 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from http.server import ThreadingHTTPServer
 
 import pytest
 from flashserve.autoscaling import metrics
-from flashserve.autoscaling.promql import Queries
 
-QUERIES = Queries("team-a", "flash", window_s=60, percentile=90)
-BY_QUERY = {q: name for name, q in QUERIES.all().items()}
-CANNED = {
-    "sample_age": 4.0, "running": 500.0, "waiting": 20.0, "running_avg": 480.0,
-    "generation_tokens_rate": 48_100.0, "first_tokens_rate": 100.0, "itl_steps_rate": 30_000.0,
-    "tpot_requests_rate": 95.0, "tpot_at_percentile": 0.0095, "tpot_p50": 0.008, "itl_at_percentile": 0.016, "itl_p50": 0.012, "kv_usage_avg": 0.55, "kv_usage_max": 0.7,
-    "ttft_at_percentile": 1.5, "replicas_reporting": 2.0,
-}  # fmt: skip
-
-
-class FakePrometheus(BaseHTTPRequestHandler):
-    mode = "ok"
-    seen: list[str] = []
-    values: dict = CANNED
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        url = urlparse(self.path)
-        query = parse_qs(url.query).get("query", [""])[0]
-        type(self).seen.append(query)
-        if self.mode == "hang":
-            time.sleep(3.0)
-        if self.mode == "error" or url.path != "/api/v1/query":
-            return self._send(500, {"status": "error", "error": "boom"})
-        name = BY_QUERY.get(query)
-        value = None if self.mode == "empty" else self.values.get(name) if name else None
-        if self.mode == "nan" and name in ("itl_at_percentile", "tpot_at_percentile"):
-            value = float("nan")
-        result = [] if value is None else [{"metric": {}, "value": [time.time(), repr(float(value))]}]
-        self._send(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
-
-    def _send(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+from tests.fakes import QUERIES, FakePrometheus
 
 
 @contextmanager

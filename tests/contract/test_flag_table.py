@@ -11,8 +11,8 @@ from pathlib import Path
 from flashserve.facts import vllm_flags
 from flashserve.facts.managed import REFUSED_DESTS, extra_args_errors, managed_flag_of
 
+from tests.builders import SUB_KEYS
 from tests.contract.conftest import run_in_vllm
-from tests.test_vllm_flags import SUB_KEYS
 
 TABLE = Path(vllm_flags.__file__).with_name("vllm_flags.json")
 

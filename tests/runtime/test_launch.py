@@ -5,8 +5,6 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-import yaml
-from flashserve.render.renderer import render
 from flashserve.render.vllm_args import START_RANK_SCRIPT
 from flashserve_testbed.runtime.launch import (
     LaunchSettings,
@@ -19,26 +17,9 @@ from flashserve_testbed.runtime.launch import (
     loopback_address,
 )
 
-from ..conftest import ROOT
+from tests.builders import node, pod_from_sample
 
 SETTINGS = LaunchSettings(engine_bin="/opt/venv/bin", time_scale=4, startup_seconds=6, seed=3)
-
-
-def pod_from_sample(sample: str, index: int = 0, ip: str = "10.64.3.7") -> dict:
-    cr = yaml.safe_load((ROOT / "manifests" / "samples" / sample).read_text())
-    cr["metadata"]["namespace"] = "demo"
-    sts = next(o for o in render(cr) if o["kind"] == "StatefulSet")
-    tpl = sts["spec"]["template"]
-    labels = {**tpl["metadata"]["labels"], "apps.kubernetes.io/pod-index": str(index)}
-    return {"metadata": {"name": f"{sts['metadata']['name']}-{index}", "namespace": "demo", "uid": f"uid-{index}",
-                         "labels": labels, "annotations": dict(tpl["metadata"].get("annotations") or {})},
-            "spec": {**tpl["spec"], "nodeName": "gb200-r0-n03"},
-            "status": {"phase": "Running", "podIP": ip}}
-
-
-def node(product: str) -> dict:
-    return {"metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": product},
-                         "annotations": {"kwok.x-k8s.io/node": "fake"}}}
 
 
 @pytest.mark.parametrize("ip, want", [

@@ -15,7 +15,7 @@ from flashserve_testbed.runtime.engine import ProbeSettings
 from flashserve_testbed.runtime.launch import LaunchSettings, default_engine_bin
 from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
 
-from .test_launch import node, pod_from_sample
+from tests.builders import node, pod_from_sample
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -127,10 +127,12 @@ class Controller:
         self.kube = Kube(self.api)
         self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
         self._status: dict[tuple[str, str], dict] = {}  # the status this operator last wrote, per serving
+        self._uncreated: dict[tuple[str, str], set[str]] = {}  # "Kind/name" the API server refused to create
 
     def forget(self, namespace: str, name: str) -> None:
         """A serving is gone: a new one of the same name starts from its own (empty) status."""
         self._status.pop((namespace, name), None)
+        self._uncreated.pop((namespace, name), None)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -208,7 +210,14 @@ class Controller:
                      p.delete_first + p.delete, p.delete_pods)  # fmt: skip
             outcome = await asyncio.to_thread(self._execute, namespace, meta.get("uid"), name, p, observed)
             self._retry(namespace, outcome.skipped)
-            _drop_unwritten(p, outcome.skipped)
+            # A StatefulSet whose creation was refused is missing beside its headless Service at the next
+            # reconcile, which the plan takes for one deleted by hand: made then, it is created, not restored.
+            retried = self._uncreated.pop((namespace, name), set())
+            unmade = {f"{k}/{n}" for k, n in outcome.skipped}
+            if new := {r for r in unmade if r not in p.restored or r in retried}:
+                self._uncreated[(namespace, name)] = new
+            _count_as_created(p, retried - unmade)
+            _drop_unwritten(p, outcome.skipped, mine)
             self.stats.writes += outcome.writes
             self._report(body, p, logger)
 
@@ -353,11 +362,24 @@ def _write_problems(outcome: Outcome) -> Cond:
     return Cond("Degraded", "True", "OwnershipConflict", join_capped(parts))
 
 
-def _drop_unwritten(p: Plan, skipped: set[tuple[str, str]]) -> None:
-    """Events tell of what was done: groups whose StatefulSet was not written are not announced."""
+def _count_as_created(p: Plan, made: set[str]) -> None:
+    for o in p.apply:
+        ref = f"{o['kind']}/{o['metadata']['name']}"
+        if o["kind"] == "StatefulSet" and ref in made and ref in p.restored:
+            p.restored.remove(ref)
+            p.created_groups = sorted({*p.created_groups, int(o["metadata"]["labels"][GROUP_LABEL])})
+
+
+def _drop_unwritten(p: Plan, skipped: set[tuple[str, str]], mine: Observed) -> None:
+    """Events tell of what was done: groups whose StatefulSet was not written (or not deleted) are not announced."""
     groups = {o["metadata"]["labels"].get(GROUP_LABEL) for o in p.apply
               if o["kind"] == "StatefulSet" and ("StatefulSet", o["metadata"]["name"]) in skipped}  # fmt: skip
     p.created_groups = [g for g in p.created_groups if str(g) not in groups]
     p.rolling = [g for g in p.rolling if str(g) not in groups]
     p.migrating = [g for g in p.migrating if str(g) not in groups]
     p.restored = [r for r in p.restored if tuple(r.split("/", 1)) not in skipped]
+    # A group is deleted (or its old-named copy is) only when every StatefulSet of it that the plan deletes went.
+    kept = {((mine.statefulsets.get(n) or {}).get("metadata") or {}).get("labels", {}).get(GROUP_LABEL)
+            for kind, n in p.delete if kind == "StatefulSet" and (kind, n) in skipped}  # fmt: skip
+    p.deleted_groups = [g for g in p.deleted_groups if str(g) not in kept]
+    p.migrated = [g for g in p.migrated if str(g) not in kept]
