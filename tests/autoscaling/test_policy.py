@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import replace
@@ -19,7 +20,7 @@ from flashserve.autoscaling import (
 from flashserve.autoscaling import policy as P
 from flashserve.autoscaling import reasons as R
 from flashserve.autoscaling import steps as S
-from flashserve.autoscaling.capacity import capacity_through
+from flashserve.autoscaling.capacity import capacity_through, prior_users_per_replica
 
 from .toy import Fleet, curve, snapshot
 
@@ -604,3 +605,47 @@ def test_recurring_bursts_shorter_than_a_start_up_are_served_from_the_peak_memor
     assert held == math.ceil(700.0 / 160.0)  # what the burst needs, kept; no more ordered for it
     assert on.direction_changes() <= 2  # no order-release cycle per burst
     assert off.direction_changes() >= 6
+
+
+def test_from_spec_sizes_the_prior_for_the_replica_and_the_sla():
+    for gpus, sla in ((4, 100.0), (8, 100.0), (4, 150.0), (8, 60.0)):
+        spec = AutoscalingSpec(sla={"perUserTokensPerSecond": sla}, metricsWindowSeconds=120)
+        cfg = PolicyConfig.from_spec(spec, gpus_per_replica=gpus)
+        assert cfg.prior_capacity == prior_users_per_replica(gpus, sla)
+        assert cfg.metrics_window_s == 120.0
+    # initialCapacity is the user's own prior; an explicit override beats both
+    spec = AutoscalingSpec(initialCapacity=77.0, sla={"perUserTokensPerSecond": 150.0})
+    assert PolicyConfig.from_spec(spec, gpus_per_replica=8).prior_capacity == 77.0
+    assert PolicyConfig.from_spec(spec, gpus_per_replica=8, prior_capacity=5.0).prior_capacity == 5.0
+    # the prior line follows an overridden idle speed
+    cfg = PolicyConfig.from_spec(AutoscalingSpec(), gpus_per_replica=4, prior_low_load_tokens_per_s=200.0)
+    assert cfg.prior_capacity == prior_users_per_replica(4, 100.0, 200.0)
+
+
+def test_decide_changes_neither_its_inputs_nor_its_state_and_repeats_itself():
+    """Over a seeded run through every branch (breaches, TTFT, KV, surplus, releases, blind, pending): the
+    inputs and the state passed in compare equal to copies taken before the call, and the same call again
+    gives the same decision."""
+    rng = random.Random(17)
+    cfg = PolicyConfig(max_replicas=8, ttft_seconds=2.0, replica_startup_s=120.0, scale_down_delay_s=60.0,
+                       peak_memory_s=240.0)  # fmt: skip
+    state, desired, reasons = PolicyState(), 2, set()
+    for i in range(400):
+        now = 15.0 * i
+        ready = max(0, desired - rng.choice([0, 0, 0, 1]))
+        counts = ReplicaCounts(desired=desired, ready=ready, starting=desired - ready, pending=rng.random() < 0.05)
+        users = CAP * (4.0 if (i // 80) % 2 == 0 else 0.5) * rng.choice([0.8, 1.0, 1.2, 2.0])
+        snap = None if rng.random() < 0.05 or not ready else snapshot(
+            now, users, ready, SPEED, waiting=rng.choice([0.0, 40.0]), noise=0.05, rng=rng,
+            kv_usage_avg=rng.choice([None, 0.3, 0.8]), ttft_at_percentile_s=rng.choice([None, 0.5, 3.0]),
+            sessions_between_turns=rng.choice([None, 10.0]),
+        )  # fmt: skip
+        inputs = PolicyInputs(now, snap, counts, cfg, None if snap else "down")
+        before = (copy.deepcopy(inputs), copy.deepcopy(state))
+        d = decide(inputs, state)
+        assert (inputs, state) == before, i
+        assert decide(inputs, state) == d, i
+        reasons.add(d.reason)
+        state, desired = d.state, d.desired if d.apply else desired
+    expected = {R.SLA_BREACH, R.TTFT_BREACH, R.SURPLUS_RELEASED, R.HOLD_SURPLUS, R.HOLD_MISSING_METRICS, R.STEADY}
+    assert expected <= reasons, reasons
