@@ -1,4 +1,5 @@
-"""The online capacity learner converges to the true capacity at the SLA from (concurrency, speed) pairs."""
+"""The online capacity learner converges to the true capacity at the SLA from (concurrency, speed) pairs; the
+prior it starts from follows the speed-versus-concurrency line across SLAs and replica shapes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import random
 import pytest
 from flashserve.autoscaling import PolicyConfig
 from flashserve.autoscaling.capacity import (
+    LOW_LOAD_TOKENS_PER_S,
+    REFERENCE_SLA_TOKENS_PER_S,
+    USERS_PER_GPU_AT_REFERENCE,
     CapacityModel,
     CapacityPrior,
     capacity_through,
+    prior_users_per_replica,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,3 +101,48 @@ def test_capacity_through_a_point_on_the_curve_is_exact():
     assert capacity_through(1 / 150.0, 320.0, speed(320.0), SLA) == pytest.approx(200.0)
     assert capacity_through(1 / 150.0, 0.0, 90.0, SLA) is None
     assert capacity_through(1 / 150.0, 10.0, 200.0, SLA) is None  # faster than idle: no slope to read
+
+
+# ---- the capacity prior
+
+
+def test_prior_at_the_reference_sla_is_the_reference_users_per_gpu_exactly():
+    for gpus in (1, 4, 8, 16):
+        assert prior_users_per_replica(gpus, REFERENCE_SLA_TOKENS_PER_S) == USERS_PER_GPU_AT_REFERENCE * gpus
+
+
+def test_prior_falls_as_the_sla_rises_and_stays_positive_past_the_idle_speed():
+    slas = [40.0, 60.0, 80.0, 100.0, 120.0, 127.0, 140.0, 200.0, 400.0]
+    priors = [prior_users_per_replica(4, s) for s in slas]
+    assert all(a > b > 0 for a, b in zip(priors, priors[1:])), priors
+
+
+def test_prior_keeps_the_reference_slope_at_every_sla():
+    """The per-GPU slope of 1/speed over concurrency is the hardware's, whatever the SLA: the prior line the
+    learner starts from (CapacityPrior) has the same slope at every SLA, only the crossing moves."""
+    for gpus in (4, 8):
+        reference = CapacityPrior(prior_users_per_replica(gpus, 100.0), LOW_LOAD_TOKENS_PER_S, 100.0).slope
+        for sla in (50.0, 80.0, 120.0, 150.0, 250.0):
+            line = CapacityPrior(prior_users_per_replica(gpus, sla), LOW_LOAD_TOKENS_PER_S, sla)
+            assert line.slope == pytest.approx(reference, rel=1e-12), (gpus, sla)
+            # and the line meets the SLA at the prior capacity
+            assert 1.0 / (line.intercept + line.slope * line.capacity) == pytest.approx(sla, rel=1e-12)
+
+
+def test_prior_follows_the_speed_curve_not_the_inverse_of_the_sla():
+    """At 120 tok/s the line puts 0.42 of the reference users on a replica; 100/SLA would say 0.83, which at
+    0.83 x 50 users per GPU is ~42 per GPU, where the p90 speed is ~104 tok/s, well short of 120."""
+    ratio = prior_users_per_replica(4, 120.0) / prior_users_per_replica(4, 100.0)
+    expected = (1 / 120 - 1 / LOW_LOAD_TOKENS_PER_S) / (1 / 100 - 1 / LOW_LOAD_TOKENS_PER_S)
+    assert ratio == pytest.approx(expected) and ratio < 0.5
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"gpus_per_replica": 0}, "gpus_per_replica"), ({"sla_tokens_per_s": 0.0}, "sla_tokens_per_s"),
+     ({"low_load_tokens_per_s": 90.0}, "low_load_tokens_per_s")],
+)  # fmt: skip
+def test_prior_refuses_nonsense_naming_the_argument(kwargs, field):
+    args = {"gpus_per_replica": 4, "sla_tokens_per_s": 100.0} | kwargs
+    with pytest.raises(ValueError, match=field):
+        prior_users_per_replica(**args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import replace
@@ -17,7 +18,9 @@ from flashserve.autoscaling import (
     decide,
 )
 from flashserve.autoscaling import policy as P
-from flashserve.autoscaling.capacity import capacity_through
+from flashserve.autoscaling import reasons as R
+from flashserve.autoscaling import steps as S
+from flashserve.autoscaling.capacity import capacity_through, prior_users_per_replica
 
 from .toy import Fleet, curve, snapshot
 
@@ -38,8 +41,8 @@ def test_adds_the_whole_shortfall_at_once():
     # 2 ready replicas, demand for 5: one decision goes straight to 5, not +1.
     d = run(0.0, 5 * CAP - 10, ReplicaCounts(desired=2, ready=2))
     assert d.desired == 5 and d.apply
-    assert d.reason == P.SLA_BREACH
-    assert d.sla_state == P.SLA_BREACHED
+    assert d.reason == R.SLA_BREACH
+    assert d.sla_state == R.SLA_BREACHED
 
 
 def test_starting_replicas_count_as_capacity():
@@ -49,7 +52,7 @@ def test_starting_replicas_count_as_capacity():
     # demand for 4: the starting replicas cover it, though users are below target meanwhile.
     d = run(0.0, 4 * CAP - 10, ReplicaCounts(desired=4, ready=2, starting=2))
     assert d.desired == 4 and not d.apply
-    assert d.reason == P.HOLD_STARTING and d.sla_state == P.SLA_BREACHED
+    assert d.reason == R.HOLD_STARTING and d.sla_state == R.SLA_BREACHED
 
 
 def test_overload_demand_at_sla_counts_the_backlog_at_the_sla_speed():
@@ -64,7 +67,7 @@ def test_overload_demand_at_sla_counts_the_backlog_at_the_sla_speed():
     cfg = replace(CFG, overload_demand_at_sla=True)
     d = run(0.0, running, counts, cfg=cfg, waiting=waiting)
     assert d.readings["demand"] == pytest.approx(running * speed / cfg.sla_tokens_per_s + waiting, rel=1e-3)
-    assert d.desired == math.ceil(d.readings["demand"] / d.capacity) < 5 and d.reason == P.SLA_BREACH
+    assert d.desired == math.ceil(d.readings["demand"] / d.capacity) < 5 and d.reason == R.SLA_BREACH
     # users at or above target: nothing changes
     d = run(0.0, 1.5 * CAP, counts, cfg=cfg)
     assert d.readings["demand"] == pytest.approx(1.5 * CAP)
@@ -81,11 +84,11 @@ def test_deep_overload_is_sized_on_the_learned_capacity():
     bent = lambda c: 30.0  # noqa: E731  (far slower than the line says at 2.5 x capacity)
     d = run(2400.0, 5 * CAP, counts, state=state, speed=bent)
     assert d.readings["capacityLocal"] is None and d.capacity == pytest.approx(d.readings["capacitySpeed"], rel=1e-3)
-    assert d.desired == math.ceil(d.readings["demand"] / d.capacity - 1e-6) and d.reason == P.SLA_BREACH
+    assert d.desired == math.ceil(d.readings["demand"] / d.capacity - 1e-6) and d.reason == R.SLA_BREACH
     # a line through the window's point would have ordered many more
     a, _ = d.state.capacity.fit(CFG.prior())
     local = capacity_through(a, 2.5 * CAP, 30.0, 100.0)
-    assert local < P.LOCAL_OVERRIDE * d.capacity and math.ceil(d.readings["demand"] / local) > d.desired
+    assert local < S.LOCAL_OVERRIDE * d.capacity and math.ceil(d.readings["demand"] / local) > d.desired
 
 
 def test_deep_overload_is_not_learned_from():
@@ -98,7 +101,7 @@ def test_deep_overload_is_not_learned_from():
     assert queued.state.capacity == state.capacity
     unqueued = run(2400.0, 5 * CAP, counts, state=state, speed=bent)
     assert unqueued.state.capacity == state.capacity
-    assert unqueued.reason == P.SLA_BREACH  # not learned from, still acted on
+    assert unqueued.reason == R.SLA_BREACH  # not learned from, still acted on
     # The same slowness within the learned capacity is learned from: a replica slow at any load still teaches
     # the model that the SLA is out of reach once the fleet has grown.
     within = run(2400.0, CAP, counts, state=state, speed=bent)
@@ -117,7 +120,7 @@ def test_overload_on_the_learned_line_is_learned_only_by_a_fleet_that_never_met_
     a, b = state.capacity.fit(CFG.prior())
     conc = 2.0 * CAP
     on_line = 1.0 / (a + b * conc) * 0.98  # within 10% of the line, far below the SLA
-    assert on_line < P.SEVERE_BREACH * CFG.sla_tokens_per_s
+    assert on_line < S.SEVERE_BREACH * CFG.sla_tokens_per_s
     d = run(2400.0, 2 * conc, counts, state=state, speed=lambda c: on_line)
     assert d.state.capacity == state.capacity
     never = replace(state, sla_met_at=None)
@@ -136,26 +139,26 @@ def test_predicted_risk_scales_up_before_a_breach_once_confirmed():
     counts = ReplicaCounts(desired=2, ready=2)
     d = run(0.0, 4 * CAP, counts, running_avg=2 * CAP * 0.8)
     assert d.readings["speedAtPercentile"] > 100
-    assert d.desired == 2 and d.reason == P.HOLD_STABILIZING and d.sla_state == P.SLA_AT_RISK_STATE
+    assert d.desired == 2 and d.reason == R.HOLD_STABILIZING and d.sla_state == R.SLA_AT_RISK_STATE
     d = run(15.0, 3 * CAP, counts, state=d.state, running_avg=2 * CAP * 0.8)
-    assert d.desired == 3 and d.reason == P.SLA_AT_RISK
+    assert d.desired == 3 and d.reason == R.SLA_AT_RISK
     # demand keeps rising: each new shortfall is confirmed and sized against the new count
     d = run(30.0, 4 * CAP, ReplicaCounts(desired=3, ready=2, starting=1), state=d.state, running_avg=2 * CAP)
-    assert d.desired == 3 and d.reason == P.HOLD_STABILIZING
+    assert d.desired == 3 and d.reason == R.HOLD_STABILIZING
     d = run(45.0, 4.5 * CAP, ReplicaCounts(desired=3, ready=2, starting=1), state=d.state, running_avg=2 * CAP)
-    assert d.desired == 4 and d.reason == P.SLA_AT_RISK
+    assert d.desired == 4 and d.reason == R.SLA_AT_RISK
 
 
 def test_a_one_off_spike_is_forgotten():
     counts = ReplicaCounts(desired=3, ready=3)
     d = run(15.0, 2.5 * CAP, counts, running_avg=2.5 * CAP)
-    assert d.desired == 3 and d.reason == P.STEADY
+    assert d.desired == 3 and d.reason == R.STEADY
     d = run(30.0, 4 * CAP, counts, state=d.state, running_avg=2 * CAP)
-    assert d.desired == 3 and d.reason == P.HOLD_STABILIZING
+    assert d.desired == 3 and d.reason == R.HOLD_STABILIZING
     d = run(45.0, 2 * CAP, counts, state=d.state, running_avg=2 * CAP)
-    assert d.desired == 3 and d.reason == P.STEADY
+    assert d.desired == 3 and d.reason == R.STEADY
     d = run(60.0, 4 * CAP, counts, state=d.state, running_avg=2 * CAP)
-    assert d.desired == 3 and d.reason == P.HOLD_STABILIZING
+    assert d.desired == 3 and d.reason == R.HOLD_STABILIZING
 
 
 def test_breach_the_model_does_not_explain_uses_the_observed_point():
@@ -164,7 +167,7 @@ def test_breach_the_model_does_not_explain_uses_the_observed_point():
     counts = ReplicaCounts(desired=2, ready=2)
     d = run(0.0, 380, counts, speed=curve(100.0))
     assert d.desired == 4, d.message
-    assert d.reason == P.SLA_BREACH
+    assert d.reason == R.SLA_BREACH
 
 
 def _trained(capacity=CAP, until=600.0):
@@ -182,9 +185,9 @@ def test_a_marginal_breach_must_last_before_it_sizes_a_scale_up():
     counts = ReplicaCounts(desired=2, ready=2)
     slow = lambda c: 98.0  # noqa: E731
     d = run(1000.0, 400, counts, state=_trained(), speed=slow)
-    assert d.desired == 2 and d.reason == P.HOLD_STABILIZING and d.sla_state == P.SLA_BREACHED
+    assert d.desired == 2 and d.reason == R.HOLD_STABILIZING and d.sla_state == R.SLA_BREACHED
     d = run(1000.0 + CFG.breach_confirm_s, 400, counts, state=d.state, speed=slow)
-    assert d.desired == 3 and d.reason == P.SLA_BREACH
+    assert d.desired == 3 and d.reason == R.SLA_BREACH
 
 
 def test_unreachable_sla_does_not_send_the_fleet_to_max():
@@ -197,7 +200,7 @@ def test_unreachable_sla_does_not_send_the_fleet_to_max():
         d = run(float(t), 100.0 * (1 + i % 3), counts, cfg=cfg, state=state, speed=lambda c: 80.0)
         state = d.state
     assert d.readings["slaReachable"] is False
-    assert d.desired == 2 and d.reason == P.HOLD_SLA_UNREACHABLE and d.sla_state == P.SLA_BREACHED
+    assert d.desired == 2 and d.reason == R.HOLD_SLA_UNREACHABLE and d.sla_state == R.SLA_BREACHED
 
 
 def test_ttft_breach_sizes_the_shortfall_from_admission():
@@ -206,18 +209,18 @@ def test_ttft_breach_sizes_the_shortfall_from_admission():
     # misses its target: 760 requests at 230 per replica need 4.
     d = run(0.0, 460, ReplicaCounts(desired=2, ready=2), cfg=cfg, waiting=300,
             speed=lambda c: 120.0, ttft_at_percentile_s=5.0)  # fmt: skip
-    assert d.desired == 4 and d.reason == P.TTFT_BREACH
+    assert d.desired == 4 and d.reason == R.TTFT_BREACH
     # a queue with TTFT within target is not a breach
     d = run(0.0, 460, ReplicaCounts(desired=2, ready=2), cfg=cfg, waiting=300,
             speed=lambda c: 120.0, ttft_at_percentile_s=1.0)  # fmt: skip
-    assert d.reason != P.TTFT_BREACH
+    assert d.reason != R.TTFT_BREACH
 
 
 def test_scale_up_stabilization():
     cfg = PolicyConfig(max_replicas=10, scale_up_stabilization_s=60.0)
     counts = ReplicaCounts(desired=2, ready=2)
     d = run(0.0, 4 * CAP, counts, cfg=cfg)
-    assert d.desired == 2 and d.reason == P.HOLD_STABILIZING
+    assert d.desired == 2 and d.reason == R.HOLD_STABILIZING
     d = run(45.0, 4 * CAP, counts, cfg=cfg, state=d.state)
     assert d.desired == 2
     d = run(60.0, 4 * CAP, counts, cfg=cfg, state=d.state)
@@ -263,11 +266,11 @@ def test_scale_down_step_and_explicit_delay():
     cfg = PolicyConfig(max_replicas=10, scale_down_delay_s=120.0, scale_down_step=2, replica_startup_s=900)
     counts = ReplicaCounts(desired=6, ready=6)
     d = _quiet(PolicyState(), 0.0, counts, running=10.0, cfg=cfg)
-    assert d.reason == P.HOLD_SURPLUS and d.desired == 6
+    assert d.reason == R.HOLD_SURPLUS and d.desired == 6
     d = _quiet(d.state, 119.0, counts, running=10.0, cfg=cfg)
     assert d.desired == 6
     d = _quiet(d.state, 120.0, counts, running=10.0, cfg=cfg)
-    assert d.desired == 4 and d.reason == P.SURPLUS_RELEASED
+    assert d.desired == 4 and d.reason == R.SURPLUS_RELEASED
 
 
 def test_release_keeps_what_the_recent_peak_needed():
@@ -359,7 +362,7 @@ def test_never_below_min():
         if d.apply:
             counts = ReplicaCounts(desired=d.desired, ready=d.desired)
     assert counts.desired == 3
-    assert d.condition(P.SCALING_LIMITED).reason == P.AT_MIN
+    assert d.condition(R.SCALING_LIMITED).reason == R.AT_MIN
 
 
 def test_never_below_demand_and_hysteresis():
@@ -375,19 +378,19 @@ def test_never_below_demand_and_hysteresis():
     assert counts.desired == 3
     # 2.6 replicas' worth: 3 at 87% are within the band: no release to 2 (which would run at 130%), no add.
     d = run(7200.0, 2.6 * CAP, counts, cfg=cfg, state=state)
-    assert d.desired == 3 and d.reason == P.STEADY
+    assert d.desired == 3 and d.reason == R.STEADY
 
 
 def test_below_min_is_raised_even_without_metrics():
     cfg = PolicyConfig(min_replicas=2, max_replicas=4)
     d = decide(PolicyInputs(0.0, None, ReplicaCounts(desired=1, ready=1), cfg), PolicyState())
-    assert d.desired == 2 and d.reason == P.BELOW_MIN and d.apply
+    assert d.desired == 2 and d.reason == R.BELOW_MIN and d.apply
 
 
 def test_above_max_is_lowered():
     cfg = PolicyConfig(min_replicas=1, max_replicas=3)
     d = run(0.0, 100.0, ReplicaCounts(desired=5, ready=5), cfg=cfg)
-    assert d.desired == 3 and d.reason == P.ABOVE_MAX
+    assert d.desired == 3 and d.reason == R.ABOVE_MAX
 
 
 # -------------------------------------------------------------------------------- missing metrics
@@ -401,21 +404,21 @@ def test_missing_metrics_hold_and_never_scale_down_blind():
     assert d.desired == 4
     d = decide(PolicyInputs(CFG.down_delay_s, None, counts, CFG, "connection refused"), d.state)
     assert d.desired == 4 and not d.apply
-    assert d.reason == P.HOLD_MISSING_METRICS
-    cond = d.condition(P.METRICS_AVAILABLE)
-    assert (cond.status, cond.reason) == ("False", P.METRICS_MISSING)
+    assert d.reason == R.HOLD_MISSING_METRICS
+    cond = d.condition(R.METRICS_AVAILABLE)
+    assert (cond.status, cond.reason) == ("False", R.METRICS_MISSING)
     assert "connection refused" in cond.message
-    assert d.sla_state == P.SLA_UNKNOWN
+    assert d.sla_state == R.SLA_UNKNOWN
     # Fresh metrics again: the surplus clock starts over, no release on the first reading after the gap.
     d = _quiet(d.state, CFG.down_delay_s + 15.0, counts)
-    assert d.desired == 4 and d.reason == P.HOLD_SURPLUS
-    assert d.condition(P.METRICS_AVAILABLE).status == "True"
+    assert d.desired == 4 and d.reason == R.HOLD_SURPLUS
+    assert d.condition(R.METRICS_AVAILABLE).status == "True"
 
 
 def test_missing_metrics_do_not_scale_up_either():
     counts = ReplicaCounts(desired=2, ready=2)
     d = decide(PolicyInputs(0.0, None, counts, CFG), PolicyState())
-    assert d.desired == 2 and d.reason == P.HOLD_MISSING_METRICS
+    assert d.desired == 2 and d.reason == R.HOLD_MISSING_METRICS
 
 
 def test_stale_metrics_hold():
@@ -423,12 +426,12 @@ def test_stale_metrics_hold():
     old = MetricsSnapshot(time=0.0, sample_age_s=400.0, window_s=60, percentile=90, running=0.0, waiting=0.0)
     state = PolicyState(surplus_since=-10_000.0, ready=4, ready_changed_at=-10_000.0, last_desired=4)
     d = decide(PolicyInputs(0.0, old, counts, CFG), state)
-    assert d.desired == 4 and d.reason == P.HOLD_STALE_METRICS
-    assert d.condition(P.METRICS_AVAILABLE).reason == P.METRICS_STALE
+    assert d.desired == 4 and d.reason == R.HOLD_STALE_METRICS
+    assert d.condition(R.METRICS_AVAILABLE).reason == R.METRICS_STALE
     # A snapshot fetched long ago is stale too, however fresh it was then.
     fetched = MetricsSnapshot(time=0.0, sample_age_s=5.0, window_s=60, percentile=90, running=0.0, waiting=0.0)
     d = decide(PolicyInputs(600.0, fetched, counts, CFG), state)
-    assert d.reason == P.HOLD_STALE_METRICS
+    assert d.reason == R.HOLD_STALE_METRICS
 
 
 def test_no_ready_replica_holds():
@@ -436,7 +439,7 @@ def test_no_ready_replica_holds():
     snap = MetricsSnapshot(time=0.0, sample_age_s=5.0, window_s=60, percentile=90, running=0.0, waiting=0.0)
     state = PolicyState(surplus_since=-10_000.0)
     d = decide(PolicyInputs(0.0, snap, counts, CFG), state)
-    assert d.desired == 3 and d.reason == P.HOLD_NO_READY
+    assert d.desired == 3 and d.reason == R.HOLD_NO_READY
 
 
 # ----------------------------------------------------------------------------------------- limits
@@ -446,9 +449,9 @@ def test_pending_pods_limit_and_no_further_adds():
     counts = ReplicaCounts(desired=4, ready=3, pending=1)
     d = run(0.0, 8 * CAP, counts)
     assert d.desired == 4 and not d.apply
-    assert d.reason == P.HOLD_PENDING
-    cond = d.condition(P.SCALING_LIMITED)
-    assert (cond.status, cond.reason) == ("True", P.PENDING_PODS)
+    assert d.reason == R.HOLD_PENDING
+    cond = d.condition(R.SCALING_LIMITED)
+    assert (cond.status, cond.reason) == ("True", R.PENDING_PODS)
     # still holding an evaluation later
     d = run(15.0, 8 * CAP, counts, state=d.state)
     assert d.desired == 4
@@ -457,18 +460,18 @@ def test_pending_pods_limit_and_no_further_adds():
 def test_at_max():
     cfg = PolicyConfig(max_replicas=4)
     d = run(0.0, 10 * CAP, ReplicaCounts(desired=4, ready=4), cfg=cfg)
-    assert d.desired == 4 and d.reason == P.AT_MAX
-    cond = d.condition(P.SCALING_LIMITED)
-    assert (cond.status, cond.reason) == ("True", P.AT_MAX)
+    assert d.desired == 4 and d.reason == R.AT_MAX
+    cond = d.condition(R.SCALING_LIMITED)
+    assert (cond.status, cond.reason) == ("True", R.AT_MAX)
     # from below: goes to max in one step, and says it was capped
     d = run(0.0, 10 * CAP, ReplicaCounts(desired=2, ready=2), cfg=cfg)
-    assert d.desired == 4 and d.reason == P.SLA_BREACH
-    assert d.condition(P.SCALING_LIMITED).reason == P.AT_MAX
+    assert d.desired == 4 and d.reason == R.SLA_BREACH
+    assert d.condition(R.SCALING_LIMITED).reason == R.AT_MAX
 
 
 def test_within_limits():
     d = run(0.0, 2.5 * CAP, ReplicaCounts(desired=3, ready=3))
-    assert d.condition(P.SCALING_LIMITED).status == "False"
+    assert d.condition(R.SCALING_LIMITED).status == "False"
 
 
 # --------------------------------------------------------------------------------- mode, ownership
@@ -478,7 +481,7 @@ def test_advisory_computes_but_does_not_apply():
     cfg = PolicyConfig(max_replicas=10, mode=P.ADVISORY)
     d = run(0.0, 5 * CAP - 10, ReplicaCounts(desired=2, ready=2), cfg=cfg)
     assert d.desired == 5 and not d.apply
-    assert d.reason == P.SLA_BREACH
+    assert d.reason == R.SLA_BREACH
     assert d.state.last_desired is None  # a human may set spec.replicas in advisory mode
 
 
@@ -602,3 +605,47 @@ def test_recurring_bursts_shorter_than_a_start_up_are_served_from_the_peak_memor
     assert held == math.ceil(700.0 / 160.0)  # what the burst needs, kept; no more ordered for it
     assert on.direction_changes() <= 2  # no order-release cycle per burst
     assert off.direction_changes() >= 6
+
+
+def test_from_spec_sizes_the_prior_for_the_replica_and_the_sla():
+    for gpus, sla in ((4, 100.0), (8, 100.0), (4, 150.0), (8, 60.0)):
+        spec = AutoscalingSpec(sla={"perUserTokensPerSecond": sla}, metricsWindowSeconds=120)
+        cfg = PolicyConfig.from_spec(spec, gpus_per_replica=gpus)
+        assert cfg.prior_capacity == prior_users_per_replica(gpus, sla)
+        assert cfg.metrics_window_s == 120.0
+    # initialCapacity is the user's own prior; an explicit override beats both
+    spec = AutoscalingSpec(initialCapacity=77.0, sla={"perUserTokensPerSecond": 150.0})
+    assert PolicyConfig.from_spec(spec, gpus_per_replica=8).prior_capacity == 77.0
+    assert PolicyConfig.from_spec(spec, gpus_per_replica=8, prior_capacity=5.0).prior_capacity == 5.0
+    # the prior line follows an overridden idle speed
+    cfg = PolicyConfig.from_spec(AutoscalingSpec(), gpus_per_replica=4, prior_low_load_tokens_per_s=200.0)
+    assert cfg.prior_capacity == prior_users_per_replica(4, 100.0, 200.0)
+
+
+def test_decide_changes_neither_its_inputs_nor_its_state_and_repeats_itself():
+    """Over a seeded run through every branch (breaches, TTFT, KV, surplus, releases, blind, pending): the
+    inputs and the state passed in compare equal to copies taken before the call, and the same call again
+    gives the same decision."""
+    rng = random.Random(17)
+    cfg = PolicyConfig(max_replicas=8, ttft_seconds=2.0, replica_startup_s=120.0, scale_down_delay_s=60.0,
+                       peak_memory_s=240.0)  # fmt: skip
+    state, desired, reasons = PolicyState(), 2, set()
+    for i in range(400):
+        now = 15.0 * i
+        ready = max(0, desired - rng.choice([0, 0, 0, 1]))
+        counts = ReplicaCounts(desired=desired, ready=ready, starting=desired - ready, pending=rng.random() < 0.05)
+        users = CAP * (4.0 if (i // 80) % 2 == 0 else 0.5) * rng.choice([0.8, 1.0, 1.2, 2.0])
+        snap = None if rng.random() < 0.05 or not ready else snapshot(
+            now, users, ready, SPEED, waiting=rng.choice([0.0, 40.0]), noise=0.05, rng=rng,
+            kv_usage_avg=rng.choice([None, 0.3, 0.8]), ttft_at_percentile_s=rng.choice([None, 0.5, 3.0]),
+            sessions_between_turns=rng.choice([None, 10.0]),
+        )  # fmt: skip
+        inputs = PolicyInputs(now, snap, counts, cfg, None if snap else "down")
+        before = (copy.deepcopy(inputs), copy.deepcopy(state))
+        d = decide(inputs, state)
+        assert (inputs, state) == before, i
+        assert decide(inputs, state) == d, i
+        reasons.add(d.reason)
+        state, desired = d.state, d.desired if d.apply else desired
+    expected = {R.SLA_BREACH, R.TTFT_BREACH, R.SURPLUS_RELEASED, R.HOLD_SURPLUS, R.HOLD_MISSING_METRICS, R.STEADY}
+    assert expected <= reasons, reasons

@@ -1,5 +1,6 @@
-"""SLA autoscaling: the pure policy (policy.py), its capacity learner (capacity.py), the PromQL it reads
-(promql.py) and the Prometheus reader (metrics.py). docs/autoscaling.md explains the whole."""
+"""SLA autoscaling: the pure policy (policy.py, its steps in steps.py), its capacity learner and prior
+(capacity.py), the replica counting (replicas.py), the PromQL it reads (promql.py) and the Prometheus reader
+(metrics.py). docs/autoscaling.md explains the whole."""
 
 from flashserve.autoscaling.policy import (
     ACTIVE,
@@ -9,8 +10,12 @@ from flashserve.autoscaling.policy import (
     PolicyConfig,
     PolicyInputs,
     PolicyState,
-    ReplicaCounts,
     decide,
+)
+from flashserve.autoscaling.replicas import (
+    GroupReadiness,
+    ReplicaCounts,
+    count_replicas,
 )
 from flashserve.autoscaling.snapshot import MetricsSnapshot
 
@@ -19,10 +24,12 @@ __all__ = [
     "ADVISORY",
     "ConditionHint",
     "Decision",
+    "GroupReadiness",
     "MetricsSnapshot",
     "PolicyConfig",
     "PolicyInputs",
     "PolicyState",
     "ReplicaCounts",
+    "count_replicas",
     "decide",
 ]

@@ -26,6 +26,51 @@ SLOPE_PRIOR_WEIGHT = 0.05
 # the fleet to max or to min on its own.
 CAPACITY_CLAMP = 16.0
 
+# The reference point of the capacity prior, for DeepSeek-V4.1-Flash with MTP on Blackwell (docs/autoscaling.md,
+# "The capacity prior"): users per GPU whose p90 per-user speed is REFERENCE_SLA, and the speed of an idle one.
+REFERENCE_SLA_TOKENS_PER_S = 100.0
+USERS_PER_GPU_AT_REFERENCE = 50.0
+LOW_LOAD_TOKENS_PER_S = 140.0
+# An SLA the prior puts at or above the idle speed would leave no capacity at all: the prior's idle speed is
+# taken at least this factor above the SLA, so that the prior stays feasible and the data say otherwise.
+FEASIBLE_IDLE_MARGIN = 1.1
+
+
+def prior_intercept(low_load_tokens_per_s: float, sla_tokens_per_s: float) -> float:
+    """1/speed of an idle replica, as the prior line assumes it."""
+    return 1.0 / max(low_load_tokens_per_s, FEASIBLE_IDLE_MARGIN * sla_tokens_per_s)
+
+
+def prior_users_per_replica(
+    gpus_per_replica: int, sla_tokens_per_s: float, low_load_tokens_per_s: float = LOW_LOAD_TOKENS_PER_S
+) -> float:
+    """Concurrent users one replica serves at the SLA before anything is learned: the operator's and the
+    benchmark's prior (spec.autoscaling.initialCapacity overrides it).
+
+    Per-user speed falls as concurrency rises: an engine step costs about fixed + k x batch and every request
+    gains the same tokens per step, so 1/speed is close to linear in the concurrency per GPU (the line the
+    learner fits). The reference point fixes that line's slope, a property of the hardware and the model, not
+    of the SLA; the users that fit at SLA S are where it crosses 1/S:
+
+        C(S) = C_ref x gpus x (1/S - 1/v0) / (1/S_ref - 1/v0)
+
+    So a stricter SLA admits fewer users, and faster than 1/S (at 120 tok/s 0.42 x C_ref, not 0.83), and a
+    laxer one more (at 50 tok/s 4.5 x C_ref). Near and past the idle speed v0 there is no crossing; v0 is
+    then taken FEASIBLE_IDLE_MARGIN above the SLA, as CapacityPrior does, so the prior line keeps the
+    reference slope and its capacity stays positive. At S_ref the ratio is exactly 1."""
+    if gpus_per_replica < 1:
+        raise ValueError(f"gpus_per_replica: {gpus_per_replica} must be at least 1")
+    if not sla_tokens_per_s > 0:
+        raise ValueError(f"sla_tokens_per_s: {sla_tokens_per_s} must be positive")
+    if not low_load_tokens_per_s > REFERENCE_SLA_TOKENS_PER_S:
+        raise ValueError(
+            f"low_load_tokens_per_s: {low_load_tokens_per_s} must exceed the reference SLA "
+            f"{REFERENCE_SLA_TOKENS_PER_S:g} tok/s, or the reference point has no slope"
+        )
+    at_sla = 1.0 / sla_tokens_per_s - prior_intercept(low_load_tokens_per_s, sla_tokens_per_s)
+    at_reference = 1.0 / REFERENCE_SLA_TOKENS_PER_S - 1.0 / low_load_tokens_per_s
+    return USERS_PER_GPU_AT_REFERENCE * gpus_per_replica * (at_sla / at_reference)
+
 
 @dataclass(frozen=True)
 class CapacityPrior:
@@ -37,9 +82,7 @@ class CapacityPrior:
 
     @property
     def intercept(self) -> float:
-        # A prior that puts the SLA at or above the idle speed would make the prior capacity zero; keep the
-        # prior feasible and let the data say otherwise.
-        return 1.0 / max(self.low_load_tokens_per_s, 1.1 * self.sla_tokens_per_s)
+        return prior_intercept(self.low_load_tokens_per_s, self.sla_tokens_per_s)
 
     @property
     def slope(self) -> float:

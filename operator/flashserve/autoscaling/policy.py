@@ -22,6 +22,9 @@ In short (docs/autoscaling.md has the long form):
   never below what the highest demand of the last four start-up times needed (peak.py: a burst shorter than
   a start-up is only served by replicas that are already there);
 * no fresh metrics, or no ready replica: hold (only min/max are enforced); pending pods: add nothing more.
+
+This module holds the interface (config, inputs, state, decision), the blind path and the limits; steps.py
+the steps of a decision on a fresh reading.
 """
 
 from __future__ import annotations
@@ -31,60 +34,40 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from flashserve.autoscaling.capacity import (
+    LOW_LOAD_TOKENS_PER_S,
     CapacityModel,
     CapacityPrior,
-    capacity_from_line,
-    capacity_through,
-    clamp_capacity,
+    prior_users_per_replica,
 )
 from flashserve.autoscaling.peak import PeakMemory
+from flashserve.autoscaling.reasons import (
+    ABOVE_MAX,
+    AT_MAX,
+    AT_MIN,
+    BELOW_MIN,
+    HOLD_MISSING_METRICS,
+    HOLD_NO_READY,
+    HOLD_STALE_METRICS,
+    METRICS_AVAILABLE,
+    METRICS_FRESH,
+    METRICS_MISSING,
+    METRICS_STALE,
+    PENDING_PODS,
+    SCALING_LIMITED,
+    SLA_UNKNOWN,
+    WITHIN_LIMITS,
+)
+from flashserve.autoscaling.replicas import ReplicaCounts
 from flashserve.autoscaling.snapshot import MetricsSnapshot
+from flashserve.autoscaling.steps import Outcome, decide_on_metrics, rounded
 from flashserve.autoscaling.trend import DemandTrend
 
 if TYPE_CHECKING:
     from flashserve.api.v1alpha1 import AutoscalingSpec
 
 ACTIVE, ADVISORY = "Active", "Advisory"
-
-# Decision reasons (CamelCase, for status, Events and the operator's decisions-by-reason metric).
-SLA_BREACH = "SLABreach"
-TTFT_BREACH = "TTFTBreach"
-SLA_AT_RISK = "SLAAtRisk"
-SURPLUS_RELEASED = "SurplusReleased"
-BELOW_MIN = "BelowMin"
-ABOVE_MAX = "AboveMax"
-AT_MAX = "AtMax"
-HOLD_MISSING_METRICS = "HoldMissingMetrics"
-HOLD_STALE_METRICS = "HoldStaleMetrics"
-HOLD_NO_READY = "HoldNoReadyReplicas"
-HOLD_PENDING = "HoldPendingPods"
-HOLD_STARTING = "HoldStartingReplicas"
-HOLD_STABILIZING = "HoldStabilizing"
-HOLD_SLA_UNREACHABLE = "HoldSLAUnreachable"
-HOLD_SURPLUS = "HoldSurplus"
-STEADY = "Steady"
-
-# Condition types and their reasons.
-METRICS_AVAILABLE = "MetricsAvailable"
-SCALING_LIMITED = "ScalingLimited"
-METRICS_FRESH = "MetricsFresh"
-METRICS_MISSING = "MetricsMissing"
-METRICS_STALE = "MetricsStale"
-PENDING_PODS = "PendingPods"
-AT_MIN = "AtMin"
-WITHIN_LIMITS = "WithinLimits"
-
-# SLA states for status.slaState.
-SLA_MET, SLA_AT_RISK_STATE, SLA_BREACHED, SLA_UNKNOWN = "Met", "AtRisk", "Breached", "Unknown"
-
-# Below this KV usage the ratio running/usage extrapolates too far to say anything about a memory limit.
-KV_SIGNIFICANT = 0.5
-# A breach this deep is acted on at once; shallower ones must last PolicyConfig.breach_confirm_s.
-SEVERE_BREACH = 0.9
-# The breaching window's own capacity estimate replaces the learned one only below this share of it.
-LOCAL_OVERRIDE = 0.85
-# Speeds within this factor above the SLA report the SLA as AtRisk.
-AT_RISK_MARGIN = 1.05
+# The replica shape PolicyConfig's default prior is for.
+DEFAULT_GPUS_PER_REPLICA = 4
 
 
 @dataclass(frozen=True)
@@ -105,12 +88,12 @@ class PolicyConfig:
     """Groups released per step; None: one, except the first release after a scale-up, which takes the whole
     surplus (the replicas a backlog-sized order bought beyond what demand and the recent peak need)."""
     mode: str = ACTIVE
-    prior_capacity: float = 200.0
-    """Concurrent users per replica at the SLA before any is learned. The engine model of the default profile
-    (agentic coding traffic, MTP) keeps p90 per-user speed >= 100 tok/s up to ~50 sequences per GPU, so 200
-    for a 4-GPU GB200 replica; the operator should pass 50 x GPUs per replica (scaled for other SLAs)."""
-    prior_low_load_tokens_per_s: float = 140.0
-    """p90-side per-user speed of a nearly idle replica (same engine model: ~140 tok/s)."""
+    prior_capacity: float = prior_users_per_replica(DEFAULT_GPUS_PER_REPLICA, 100.0)
+    """Concurrent users per replica at the SLA before any is learned. `from_spec` derives it from the replica's
+    GPUs and the SLA (capacity.prior_users_per_replica) unless initialCapacity sets it; the default is that
+    of a 4-GPU replica at 100 tok/s."""
+    prior_low_load_tokens_per_s: float = LOW_LOAD_TOKENS_PER_S
+    """p90-side per-user speed of a nearly idle replica: where the prior line meets zero concurrency."""
     metrics_window_s: float = 60.0
     """Rate window of the metric queries; windows that straddle a readiness change are not learned from."""
     max_metrics_age_s: float | None = None
@@ -132,11 +115,10 @@ class PolicyConfig:
     """Off by default. While users are below the SLA, count the running requests at the SLA speed (running x
     speed / SLA). By Little's law an overloaded fleet holds more requests than the same arrivals would at the
     SLA speed, and this part of a burst's backlog is gone once users are served at the SLA: sized as is, it buys
-    replicas that arrive after the burst (docs/autoscaling-benchmark.md, cause 2). It is right for open-loop
-    arrivals and agentic turns with tool calls in between (on the benchmark, seed 0: 17-18% fewer GPU-hours on
-    the bursty scenarios at about the same attainment) and wrong for users who send the next request the
-    moment the last ends (their number does not shrink): then each breach orders only speed/SLA of the
-    shortfall, and the rest a start-up time later."""
+    replicas that arrive after the burst. It suits open-loop arrivals and agentic turns with tool calls in
+    between, and not users who send the next request the moment the last ends (their number does not
+    shrink): then each breach orders only speed/SLA of the shortfall, and the rest a start-up time later.
+    docs/autoscaling.md, Knobs, has what it was measured to save."""
     peak_memory_s: float | None = None
     """How long the highest recent demand keeps the replicas it needs (peak.py); None: 4 x replica_startup_s,
     0: release down to the demand of the moment."""
@@ -145,7 +127,10 @@ class PolicyConfig:
     is ordered now serves from then on), 0: no projection."""
 
     @classmethod
-    def from_spec(cls, spec: AutoscalingSpec, **overrides: object) -> PolicyConfig:
+    def from_spec(cls, spec: AutoscalingSpec, gpus_per_replica: int | None = None, **overrides: object) -> PolicyConfig:
+        """The spec, resolved. `gpus_per_replica` sizes the capacity prior for the replica's shape and the SLA
+        (the operator and the benchmark both pass it); spec.initialCapacity, when set, is the prior instead.
+        `overrides` replace any field."""
         values: dict[str, object] = {
             "min_replicas": spec.min_replicas,
             "max_replicas": spec.max_replicas,
@@ -165,7 +150,15 @@ class PolicyConfig:
                 else None
             ),
             "mode": spec.mode,
+            "metrics_window_s": float(spec.metrics_window_seconds),
         }
+        if spec.initial_capacity is not None:
+            values["prior_capacity"] = float(spec.initial_capacity)
+        elif gpus_per_replica is not None:
+            low_load = overrides.get("prior_low_load_tokens_per_s", LOW_LOAD_TOKENS_PER_S)
+            values["prior_capacity"] = prior_users_per_replica(
+                gpus_per_replica, spec.sla.per_user_tokens_per_second, float(low_load)  # type: ignore[arg-type]
+            )
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 
@@ -199,20 +192,6 @@ class PolicyConfig:
 
     def prior(self) -> CapacityPrior:
         return CapacityPrior(self.prior_capacity, self.prior_low_load_tokens_per_s, self.sla_tokens_per_s)
-
-
-@dataclass(frozen=True)
-class ReplicaCounts:
-    """Replica groups with an index below spec.replicas (groups being removed are not counted)."""
-
-    desired: int
-    """spec.replicas now."""
-    ready: int
-    """Groups whose pods are all ready (serving)."""
-    starting: int = 0
-    """Groups created and scheduled but not ready yet (pulling, loading weights, capturing graphs)."""
-    pending: int = 0
-    """Groups with a pod that cannot be scheduled (Pending/Unschedulable): the pool is exhausted."""
 
 
 @dataclass(frozen=True)
@@ -338,45 +317,23 @@ class Decision:
 
 
 def decide(inputs: PolicyInputs, state: PolicyState) -> Decision:
+    """The decision of one evaluation. Pure: reads neither a clock nor the cluster, changes neither argument;
+    the state to remember is in the Decision."""
     cfg, now, reps = inputs.config, inputs.now, inputs.replicas
     current = reps.desired
     active = cfg.mode == ACTIVE
     outside = active and state.last_desired is not None and current != state.last_desired
     base = state.last_desired if outside and state.last_desired is not None else current
 
-    ready_changed_at = state.ready_changed_at
-    if state.ready is None or ready_changed_at is None:
-        # First sight (autoscaling just enabled, or state lost): assume the fleet has been as it is for a
-        # while rather than freezing learning and breach handling for a settle time.
-        ready_changed_at = now - cfg.settle_s
-    elif state.ready != reps.ready:
-        ready_changed_at = now
-
+    ready_changed_at = _ready_changed_at(cfg, now, reps, state)
     metrics_ok, metrics_reason, metrics_msg, age = _metrics_status(inputs)
-    readings: dict = {
-        "current": current,
-        "ready": reps.ready,
-        "starting": reps.starting,
-        "pending": reps.pending,
-        "metricsAgeSeconds": _r(age),
-    }
     nxt = replace(state, ready=reps.ready, ready_changed_at=ready_changed_at)
     m = inputs.metrics if metrics_ok else None
     if m is None or reps.ready <= 0:
-        # Blind: the learned model stays as it was; timers restart so that no scale-down fires on the first
-        # fresh reading after a gap.
-        out = _Outcome(
-            target=base,
-            reason=HOLD_NO_READY if m is not None else _hold_reason(metrics_reason),
-            message=metrics_msg if m is None else "no replica is ready yet: demand cannot be read from the engines",
-            want=base,
-            sla_state=SLA_UNKNOWN,
-            capacity=state.capacity.capacity(cfg.prior()),
-            state=replace(nxt, surplus_since=None, releasing=False, breach_since=None, at_risk_since=None,
-                          at_risk_want=None),  # fmt: skip
-        )
+        out = _blind(cfg, base, nxt, HOLD_NO_READY if m is not None else _hold_reason(metrics_reason),
+                     metrics_msg if m is None else "no replica is ready yet: demand cannot be read from the engines")  # fmt: skip
     else:
-        out = _decide_on_metrics(cfg, now, reps, base, m, nxt, readings, now - ready_changed_at)
+        out = decide_on_metrics(cfg, now, reps, base, m, nxt, now - ready_changed_at)
 
     target, reason, message = _bounds(cfg, base, out.target, out.reason, out.message)
     if outside:
@@ -388,7 +345,8 @@ def decide(inputs: PolicyInputs, state: PolicyState) -> Decision:
             nxt = replace(nxt, last_change_at=now, last_direction=(target > base) - (target < base))
     else:
         nxt = replace(nxt, last_desired=None)
-    readings["desired"] = target
+    readings = {"current": current, "ready": reps.ready, "starting": reps.starting, "pending": reps.pending,
+                "metricsAgeSeconds": rounded(age), **dict(out.readings), "desired": target}  # fmt: skip
     direction = (target > current) - (target < current)
     return Decision(
         desired=target,
@@ -409,247 +367,26 @@ def decide(inputs: PolicyInputs, state: PolicyState) -> Decision:
     )
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    target: int
-    reason: str
-    message: str
-    want: int
-    sla_state: str
-    capacity: float
-    state: PolicyState
+def _ready_changed_at(cfg: PolicyConfig, now: float, reps: ReplicaCounts, state: PolicyState) -> float:
+    if state.ready is None or state.ready_changed_at is None:
+        # First sight (autoscaling just enabled, or state lost): assume the fleet has been as it is for a
+        # while rather than freezing learning and breach handling for a settle time.
+        return now - cfg.settle_s
+    return now if state.ready != reps.ready else state.ready_changed_at
 
 
-def _decide_on_metrics(
-    cfg: PolicyConfig,
-    now: float,
-    reps: ReplicaCounts,
-    base: int,
-    m: MetricsSnapshot,
-    state: PolicyState,
-    readings: dict,
-    ready_stable_s: float,
-) -> _Outcome:
-    prior = cfg.prior()
-    sla = cfg.sla_tokens_per_s
-    running = m.running or 0.0
-    waiting = m.waiting or 0.0
-    served = running
-    if cfg.overload_demand_at_sla and m.speed_at_percentile is not None and 0 < m.speed_at_percentile < sla:
-        served = running * m.speed_at_percentile / sla
-    sessions = (m.sessions_between_turns or 0.0) * cfg.session_weight
-    demand = served + waiting + sessions
-    # Concurrency per replica over the window the speed was measured in; only ready replicas get traffic.
-    conc = (m.running_avg if m.running_avg is not None else running) / reps.ready
-    conc_now = running / reps.ready
-    speed = m.speed_at_percentile
-    window_clean = ready_stable_s >= cfg.metrics_window_s
-
-    # ---- capacity: learned speed curve, then memory and admission limits
-    model = state.capacity
-    # Deep overload: a severe breach at a concurrency beyond the capacity learned so far, in a fleet that met
-    # the SLA within the learning memory or well below what the learned line says of that concurrency. Past
-    # capacity the engine queues and preempts and 1/speed bends up, so such a window says the fleet is short
-    # but not by how much: a line through its point does not size the scale-up (cap_local below), and it is
-    # not learned from either, queue or not: it would drag the fitted line's crossing of the SLA below where
-    # it is (a burst's windows at 0.6x the SLA cut a fleet's learned capacity by a fifth to a third for the
-    # next twenty minutes, and the fleet then held that many more replicas than the next burst needed). A
-    # replica that is slow at any load never meets the SLA and stays on its line: it is learned from, and
-    # the model finds out that the SLA is out of reach.
-    a0, b0 = model.fit(prior)
-    met_recently = state.sla_met_at is not None and now - state.sla_met_at <= cfg.capacity_memory_s
-    deep_overload = (
-        speed is not None
-        and running > 0
-        and speed < SEVERE_BREACH * sla
-        and conc > model.capacity(prior)
-        and (met_recently or speed * (a0 + b0 * conc) < SEVERE_BREACH)
-    )
-    sla_met_at = now if window_clean and speed is not None and speed >= sla and running > 0 else state.sla_met_at
-    if window_clean and speed is not None and conc > 0 and not deep_overload:
-        model = model.observe(now, conc, speed, cfg.capacity_memory_s)
-    a, b = model.fit(prior)
-    reachable = a < 1.0 / sla
-    # An SLA the fitted curve puts beyond even an idle replica is not bought with more replicas: size the fleet
-    # on the prior instead of sending it to maxReplicas, and say so.
-    cap_speed = clamp_capacity(capacity_from_line(a, b, sla), prior) if reachable else prior.capacity
-    cap = cap_speed
-    cap_kv = None
-    if m.kv_usage_avg is not None and m.kv_usage_avg >= KV_SIGNIFICANT and conc_now > 0:
-        cap_kv = conc_now * cfg.kv_usage_limit / m.kv_usage_avg
-        cap = min(cap, cap_kv)
-
-    # ---- breaches
-    speed_breach = speed is not None and speed < sla and running > 0
-    ttft_breach = bool(
-        cfg.ttft_seconds is not None
-        and m.ttft_at_percentile_s is not None
-        and m.ttft_at_percentile_s > cfg.ttft_seconds
-        and waiting > 0
-    )
-    breached = speed_breach or ttft_breach
-    breach_since = (state.breach_since if state.breach_since is not None else now) if breached else None
-    confirmed = breach_since is not None and now - breach_since >= cfg.breach_confirm_s
-    severe = speed_breach and speed is not None and speed < SEVERE_BREACH * sla
-    cap_local = None
-    # Not in deep overload: there 1/speed has bent up past the line, and a line through the window's point
-    # would put the capacity too low and order for a fleet the burst never needed.
-    if speed_breach and reachable and window_clean and (confirmed or severe) and not deep_overload:
-        # The window's own verdict: if the learned line still claims room, trust what users see. Not on a
-        # single marginal miss, though: near capacity, noise alone dips below the SLA now and then, and one
-        # noisy point would size a whole scale-up.
-        cap_local = capacity_through(a, conc, speed or 0.0, sla)
-        # One window's point is noisy (5% on speed is ~15% on capacity far from the SLA): override the
-        # learned value only when they clearly disagree; the learner has taken the point in anyway.
-        if cap_local is not None and cap_local < LOCAL_OVERRIDE * cap:
-            cap = max(cap_local, 1.0)
-    if ttft_breach and conc_now > 0:
-        # Requests queue long enough to miss the TTFT target: admission (KV blocks or max_num_seqs), not
-        # speed, binds, at the concurrency running now.
-        cap = min(cap, conc_now)
-
-    # ---- demand to plan for: what a replica ordered now will meet when it is ready
-    trend = state.demand.update(now, demand, cfg.stale_after_s)
-    projected = trend.forecast(cfg.horizon_s) if trend.trend > 0 else None
-    plan = max(demand, projected or 0.0)
-    # Remembered for releases: the requests being served, counted at the SLA speed when users are below it,
-    # plus the sessions between turns. Not the queue and not the trend: right after an overload both are the
-    # fleet's own backlog, which drains in a minute or two, and would hold a fleet sized for it for the whole
-    # window.
-    served_at_sla = running * min(1.0, speed / sla) if speed is not None and speed > 0 else running
-    peaks = state.peaks.update(now, served_at_sla + sessions, cfg.peak_window_s)
-    recent_peak = peaks.peak(now, cfg.peak_window_s)
-
-    want = math.ceil(plan / (cap * cfg.scale_up_utilization) - 1e-9) if plan > 0 else 0
-    readings.update(
-        demand=_r(demand),
-        demandTrendPerMinute=_r(trend.trend * 60.0),
-        demandPlanned=_r(plan),
-        running=_r(running),
-        waiting=_r(waiting),
-        concurrencyPerReplica=_r(conc),
-        speedAtPercentile=_r(speed),
-        speedSource=m.speed_source,
-        speedP50=_r(m.speed_p50),
-        speedFromCounters=_r(m.speed_from_counters),
-        tokensPerStep=_r(m.tokens_per_step),
-        tokensPerSecond=_r(m.tokens_per_second),
-        kvUsageAvg=_r(m.kv_usage_avg),
-        kvUsageMax=_r(m.kv_usage_max),
-        ttftAtPercentileSeconds=_r(m.ttft_at_percentile_s),
-        capacitySpeed=_r(cap_speed),
-        capacityKV=_r(cap_kv),
-        capacityLocal=_r(cap_local),
-        capacity=_r(cap),
-        slaReachable=reachable,
-        fitA=_r(a, 9),
-        fitB=_r(b, 9),
-        required=want,
-    )
-    speed_txt = f"p{cfg.percentile:g} per-user speed {_fmt(speed)} tok/s (SLA {sla:g})"
-    rising = f" (rising to {plan:.0f} in {cfg.horizon_s:.0f}s)" if plan > demand + 0.5 else ""
-    load_txt = f"demand {demand:.0f}{rising} at {cap:.0f} users/replica needs {want}"
-
-    target, reason, message = base, STEADY, f"{speed_txt}; {load_txt}; have {base}"
-    at_risk_since: float | None = None
-    at_risk_want: int | None = None
-    surplus_since, releasing = state.surplus_since, state.releasing
-    if want > base:
-        surplus_since, releasing = None, False
-        at_risk_since = state.at_risk_since if state.at_risk_since is not None else now
-        at_risk_want = want if state.at_risk_want is None else min(want, state.at_risk_want)
-        # Users already below target: act now on the full shortfall. A shortfall only predicted (demand up,
-        # speed still fine, or a marginal miss) must show at two evaluations in a row and is sized on the
-        # smaller of them, so that one noisy reading does not buy a replica for a start-up time.
-        urgent = ttft_breach or (speed_breach and (confirmed or severe))
-        wait = cfg.scale_up_stabilization_s if urgent else max(cfg.scale_up_stabilization_s, cfg.evaluation_interval_s)
-        size = want if urgent else at_risk_want
-        up_reason = SLA_BREACH if speed_breach else TTFT_BREACH if ttft_breach else SLA_AT_RISK
-        if now - at_risk_since < wait:
-            reason = HOLD_STABILIZING
-            message = f"{speed_txt}; {load_txt}; confirming for {wait:g}s before adding"
-        elif reps.pending > 0:
-            reason = HOLD_PENDING
-            message = (
-                f"{speed_txt}; {load_txt}; {reps.pending} replica group(s) cannot be scheduled, "
-                "adding no more until they are placed"
-            )
-        elif base >= cfg.max_replicas:
-            reason = AT_MAX
-            message = f"{speed_txt}; {load_txt}; already at maxReplicas {cfg.max_replicas}"
-        else:
-            target, reason = max(size, base + 1), up_reason
-            message = f"{speed_txt}; {load_txt}; {base} -> {min(target, cfg.max_replicas)}"
-            # the next shortfall, if any, is measured against the new count
-            at_risk_since, at_risk_want = None, None
-    elif breached:
-        surplus_since, releasing = None, False
-        if not reachable:
-            reason = HOLD_SLA_UNREACHABLE
-            message = f"{speed_txt}; even an idle replica misses the SLA by the fitted curve; more replicas won't help"
-        elif reps.starting > 0 or reps.ready < base:
-            reason = HOLD_STARTING
-            message = f"{speed_txt}; {load_txt}; {base - reps.ready} replica group(s) still starting"
-        else:
-            reason = HOLD_STABILIZING
-            message = f"{speed_txt}; {load_txt}; confirming the breach before sizing it"
-    else:
-        release_need = math.ceil(plan / (cap * cfg.scale_down_utilization) - 1e-9) if plan > 0 else 0
-        # The peak is held at what serving it needs (the scale-up line), not with the release hysteresis: it
-        # is already the maximum of a long window, there is no noise left to band against.
-        peak_need = math.ceil(recent_peak / (cap * cfg.scale_up_utilization) - 1e-9) if recent_peak > 0 else 0
-        release_need = max(release_need, peak_need)
-        readings["requiredForRelease"] = release_need
-        readings["recentPeak"] = _r(recent_peak)
-        candidate = max(base - (cfg.scale_down_step or 1), cfg.min_replicas, release_need)
-        if cfg.scale_down_step is None and state.last_direction > 0 and not releasing:
-            # The first release since the fleet last grew. A scale-up in overload is sized on running + waiting
-            # requests, a stock that slow service swells (each request stays longer, and the queue holds what
-            # the engines cannot admit), so it can buy twice what the same users need at the SLA. Once the
-            # surplus has lasted the delay, with the peak memory still holding what the recent peak needed,
-            # the replicas beyond that were never needed: they go in one step, not one per settle time.
-            candidate = max(cfg.min_replicas, release_need)
-        if candidate < base:
-            surplus_since = surplus_since if surplus_since is not None else now
-            wait = cfg.settle_s if releasing else cfg.down_delay_s
-            lasted = now - surplus_since
-            if lasted >= wait:
-                target, reason = candidate, SURPLUS_RELEASED
-                message = f"{speed_txt}; {load_txt}; surplus for {lasted:.0f}s, {base} -> {candidate}"
-                surplus_since, releasing = now, True
-            else:
-                reason = HOLD_SURPLUS
-                message = f"{speed_txt}; {load_txt}; surplus for {lasted:.0f}s of {wait:.0f}s before release"
-        else:
-            surplus_since, releasing = None, False
-
-    if breached:
-        sla_state = SLA_BREACHED
-    elif want > base or (speed is not None and speed < AT_RISK_MARGIN * sla and running > 0):
-        sla_state = SLA_AT_RISK_STATE
-    elif speed is None and running > 0:
-        sla_state = SLA_UNKNOWN
-    else:
-        sla_state = SLA_MET
-    return _Outcome(
-        target=target,
+def _blind(cfg: PolicyConfig, base: int, state: PolicyState, reason: str, message: str) -> Outcome:
+    """No fresh reading, or no replica to read: hold. The learned model stays as it was; timers restart so
+    that no scale-down fires on the first fresh reading after a gap."""
+    return Outcome(
+        target=base,
         reason=reason,
         message=message,
-        want=want,
-        sla_state=sla_state,
-        capacity=cap,
-        state=replace(
-            state,
-            capacity=model,
-            demand=trend,
-            peaks=peaks,
-            sla_met_at=sla_met_at,
-            surplus_since=surplus_since,
-            releasing=releasing,
-            breach_since=breach_since,
-            at_risk_since=at_risk_since,
-            at_risk_want=at_risk_want,
-        ),
+        want=base,
+        sla_state=SLA_UNKNOWN,
+        capacity=state.capacity.capacity(cfg.prior()),
+        state=replace(state, surplus_since=None, releasing=False, breach_since=None, at_risk_since=None,
+                      at_risk_want=None),  # fmt: skip
     )
 
 
@@ -697,13 +434,3 @@ def _limited(cfg: PolicyConfig, reps: ReplicaCounts, want: int) -> ConditionHint
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p.title() for p in rest)
-
-
-def _r(v: float | None, digits: int = 4) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return float(f"{v:.{digits}g}")
-
-
-def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1f}"

@@ -34,8 +34,9 @@ fix absorbs it.
 The per-step ITL reading below is the fallback when no request finished in the window (metrics.assemble).
 It is not the users' speed: vLLM observes `vllm:inter_token_latency_seconds` once per engine step per
 decoding request, however many tokens the step produced, and on agentic traffic the steps that carry a new
-turn's prefill chunk make up its slow tail while a user's speed averages over all of its ~150 steps, so near
-capacity tokens_per_step / ITL q0.9 reads 10-25% below the p90 per-request speed. With MTP speculative
+turn's prefill chunk make up its slow tail while a user's speed averages over all of its steps, so near
+capacity tokens_per_step / ITL q0.9 reads well below the p90 per-request speed (docs/autoscaling.md, "Why not
+the ITL", has the figures). With MTP speculative
 decoding a step yields ~1.8 tokens, hence the tokens_per_step factor; it is measured from counters:
 generation tokens minus first tokens (one per request, counted by the TTFT histogram) over ITL observations,
 a mean over requests.

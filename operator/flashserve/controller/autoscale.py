@@ -28,8 +28,12 @@ from flashserve.autoscaling.policy import (
     PolicyConfig,
     PolicyInputs,
     PolicyState,
-    ReplicaCounts,
     decide,
+)
+from flashserve.autoscaling.replicas import (
+    GroupReadiness,
+    ReplicaCounts,
+    count_replicas,
 )
 from flashserve.clock import now_iso
 from flashserve.controller.kube import Kube
@@ -41,9 +45,6 @@ from flashserve.render.naming import serving_label_value
 
 STATE_ANNOTATION = "flashserve.io/autoscaler-state"
 PERSIST_EVERY_S = 300.0
-# Sequences per GPU at which the default profile's p90 per-user speed meets 100 tok/s: the capacity prior
-# until the learner has data (docs/autoscaling.md).
-PRIOR_USERS_PER_GPU_AT_100 = 50.0
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ class _ServingState:
 
 def _round(v: float | None, digits: int = 1) -> float | None:
     return None if v is None else round(float(v), digits)
+
+
+def replica_counts(obj: DeepSeekServing, observed: Observed) -> ReplicaCounts:
+    """The groups below spec.replicas as the policy counts them."""
+    groups = [GroupReadiness(g.exists, g.ready, g.unschedulable > 0) for g in group_states(obj, observed)]
+    return count_replicas(obj.spec.replicas, groups)
 
 
 class Autoscaler:
@@ -91,10 +98,7 @@ class Autoscaler:
         return self.servings[key]
 
     def config(self, obj: DeepSeekServing) -> PolicyConfig:
-        auto = obj.spec.autoscaling
-        gpus = layout(obj.spec).gpus_per_replica
-        prior = auto.initial_capacity or PRIOR_USERS_PER_GPU_AT_100 * gpus * min(1.0, 100.0 / auto.sla.per_user_tokens_per_second)
-        return PolicyConfig.from_spec(auto, prior_capacity=prior, metrics_window_s=float(auto.metrics_window_seconds))
+        return PolicyConfig.from_spec(obj.spec.autoscaling, gpus_per_replica=layout(obj.spec).gpus_per_replica)
 
     async def evaluate(
         self, body: dict, obj: DeepSeekServing, observed: Observed, kube: Kube, logger: logging.Logger
@@ -110,13 +114,7 @@ class Autoscaler:
         namespace, name = meta["namespace"], meta["name"]
         url = obj.spec.autoscaling.prometheus_url or self.default_prometheus_url
 
-        groups = group_states(obj, observed)
-        counts = ReplicaCounts(
-            desired=obj.spec.replicas,
-            ready=sum(g.ready for g in groups),
-            starting=sum(g.exists and not g.ready and not g.unschedulable for g in groups),
-            pending=sum(bool(g.unschedulable) for g in groups) + sum(not g.exists for g in groups),
-        )
+        counts = replica_counts(obj, observed)
         refusal = self.allow.refusal(url, namespace) if url and url != self.default_prometheus_url else None
         if refusal:
             snapshot, error = None, f"NotAllowed: spec.autoscaling.prometheusUrl {url}: {refusal}"

@@ -3,7 +3,8 @@ name, with their default setting, one tuned setting and a sweep of their main kn
 
 FlashServe's policy reads a MetricsSnapshot assembled exactly as the operator does (autoscaling/metrics.py
 `assemble`) from the values its PromQL (autoscaling/promql.py) would return, here evaluated on the simulated
-Prometheus.
+Prometheus; its config (capacity prior included) and replica counts come from the same functions the operator
+calls (PolicyConfig.from_spec, autoscaling/replicas.py `count_replicas`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from dataclasses import dataclass
 
 from flashserve.api.v1alpha1 import AutoscalingSpec, SLASpec
 from flashserve.autoscaling import (
+    GroupReadiness,
     PolicyConfig,
     PolicyInputs,
     PolicyState,
     ReplicaCounts,
+    count_replicas,
     decide,
 )
 from flashserve.autoscaling.metrics import assemble
@@ -24,11 +27,10 @@ from flashserve.autoscaling.snapshot import MetricsSnapshot
 from flashserve_testbed.bench.baselines import aibrix_apa, dynamo, hpa, kpa, static, wva
 from flashserve_testbed.bench.calibrate import Calibration
 from flashserve_testbed.bench.context import Context, Policy
+from flashserve_testbed.bench.fleet import READY
 from flashserve_testbed.bench.prom import Prometheus
 
 FAMILIES = ("flashserve", "hpa", "kpa", "aibrix-apa", "dynamo", "wva", "static")
-# Prior concurrency per GPU the autoscaling docs tell operators to pass (50 x GPUs per replica).
-PRIOR_PER_GPU = 50.0
 # sla.percentile given to the policy. The benchmark scores token-weighted attainment (99% of output tokens at
 # >= the SLA speed); the policy reads a per-request quantile (vllm:request_time_per_output_token_seconds, one
 # observation per request whatever its length). On the load test (calibrate.py), at the concurrency where 99%
@@ -78,6 +80,12 @@ def _sum(d: dict[str, float]) -> float | None:
     return sum(d.values()) if d else None
 
 
+def replica_counts(ctx: Context) -> ReplicaCounts:
+    """The groups below spec.replicas as the policy counts them (the operator: controller/autoscale.py
+    `replica_counts`). Every simulated group is created at once and always finds GPUs, so none is pending."""
+    return count_replicas(ctx.current, [GroupReadiness(exists=True, ready=g.state == READY) for g in ctx.groups])
+
+
 class FlashServe(Policy):
     """The operator's policy: `decide` every evaluation interval with the state it returned last time."""
 
@@ -105,15 +113,15 @@ class FlashServe(Policy):
                 sla=SLASpec(per_user_tokens_per_second=ctx.sla_tokens_per_s, percentile=SLA_PERCENTILE),
                 replica_startup_seconds=int(round(self.startup_s)),
             )
-            prior = PRIOR_PER_GPU * self.calib.gpus_per_replica * ctx.sla_tokens_per_s / 100.0
-            self.cfg = PolicyConfig.from_spec(spec, prior_capacity=prior, **self.overrides)
+            # The operator's own resolution of the spec, capacity prior included (Autoscaler.config).
+            self.cfg = PolicyConfig.from_spec(spec, gpus_per_replica=self.calib.gpus_per_replica, **self.overrides)
             self.interval_s = self.cfg.evaluation_interval_s
         return self.cfg
 
     def decide(self, ctx: Context) -> int | None:
         cfg = self.config(ctx)
         snap, err = snapshot(ctx.prom, ctx.now, cfg.metrics_window_s, cfg.percentile)
-        counts = ReplicaCounts(desired=ctx.current, ready=ctx.counts.ready, starting=ctx.counts.starting)
+        counts = replica_counts(ctx)
         d = decide(PolicyInputs(ctx.now, snap, counts, cfg, err), self.state)
         self.state = d.state
         self.decisions.append({"t": round(ctx.now, 3), "reason": d.reason, "current": d.current,
