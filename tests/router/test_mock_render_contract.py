@@ -78,7 +78,7 @@ def test_mock_answers_match_vllm_protocol_models(answers, vllm_python):
     for name, v in verdicts.items():
         assert v["valid"], (name, v.get("error"))
         assert v["missing"] == [] and v["extra"] == [], (name, v)
-        kind, body, status, resp = answers[name]
+        kind, _body, _status, resp = answers[name]
         if kind == "error":
             assert v["error_fields"] == ["code", "message", "param", "type"]
         if kind.startswith("render_"):

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             o = overhead(args, work, policy)
             results["overhead"].append(o)
             print(f"router overhead ({policy}, 1 engine, {args.sessions} sessions, median of {o['rounds']}): "
-                  f"TTFT p50 +{1e3 * o['ttft_p50_added']:.1f} ms, p99 +{1e3 * o['ttft_p99_added']:.1f} ms "
+                  f"TTFT p50 {1e3 * o['ttft_p50_added']:+.1f} ms, p99 {1e3 * o['ttft_p99_added']:+.1f} ms "
                   f"(direct p50 {1e3 * o['direct_ttft_p50']:.0f} ms; per round p50 "
                   f"{', '.join(f'{1e3 * x:+.1f}' for x in o['p50_added_per_round'])})", flush=True)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)

@@ -188,7 +188,7 @@ class VllmRouter:
         self._log: IO[bytes] | None = None
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> "VllmRouter":
+    def start(self, timeout: float = 60.0) -> VllmRouter:
         self._log = open(self.log_path, "ab")
         env = {k: v for k, v in (os.environ if self._env is None else self._env).items()
                if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}  # worker traffic stays direct
@@ -239,7 +239,7 @@ class VllmRouter:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "VllmRouter":
+    def __enter__(self) -> VllmRouter:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc) -> None:
