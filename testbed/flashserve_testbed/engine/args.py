@@ -39,7 +39,7 @@ MODELLED = frozenset({
     "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill", "speculative_config",
     "custom_histogram_buckets", "tensor_parallel_size", "data_parallel_size", "data_parallel_size_local",
     "data_parallel_start_rank", "data_parallel_hybrid_lb", "data_parallel_external_lb", "headless",
-    "api_server_count", "seed", "served_model_name", "model", "config",
+    "api_server_count", "seed", "served_model_name", "model", "config", "enable_scale_out",
 })  # fmt: skip
 # DeepSeek V4.1 checkpoints ship DSpark draft stages, no classic MTP head (vLLM 0.33 config/speculative.py).
 SPEC_METHODS = ("dspark",)
@@ -78,6 +78,8 @@ class ServeArgs:
     external_lb: bool = False
     headless: bool = False
     seed: int | None = None
+    # the render routes (/v1/chat/completions/render, ...) answer only with it (vLLM's scale_out factories)
+    enable_scale_out: bool = False
     engine_ranks: list[int] = field(default_factory=lambda: [0])
     ignored: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -346,6 +348,7 @@ def _build(model: str, v: dict[str, object], served: list[list[str]], ignored: l
         a.enable_chunked_prefill = bool(v["enable_chunked_prefill"])
     if "seed" in v:
         a.seed = get_int("seed")
+    a.enable_scale_out = bool(v.get("enable_scale_out", False))
     for dest, choices in CHOICES.items():
         if dest in v and str(v[dest]) not in choices:
             flag = vllm_flags.BY_DEST[dest].name

@@ -11,6 +11,7 @@ import time
 from aiohttp import web
 
 from flashserve_testbed.engine import metrics as prom
+from flashserve_testbed.engine import render
 from flashserve_testbed.engine import tokenizer as tok
 from flashserve_testbed.engine.args import ServeArgs, check_host
 from flashserve_testbed.engine.perfmodel import Request
@@ -49,6 +50,10 @@ class API:
         r.add_get("/v1/models", self.models)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/v1/completions", self.completions)
+        # what vllm-router asks a worker to turn a prompt into token ids (docs/vllm-router.md)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/v1/chat/completions/render", self.render_chat)
+        r.add_post("/v1/completions/render", self.render_completion)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -125,6 +130,59 @@ class API:
             raise RequestError(400, "prompt must be a non-empty string or token id list (one prompt)", param="prompt")
         except RequestError as e:
             return _error(e.status, e.message, e.kind, e.param)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        if not self.m.ready or not self.m.engines:
+            return _not_ready()
+        try:
+            body = await self._body(request)
+            model = self.m.check_model(body.get("model"))
+            return web.json_response(render.tokenize(body, model, self.m.cfg.max_model_len))
+        except RequestError as e:
+            return _error(e.status, e.message, e.kind, e.param)
+
+    async def render_chat(self, request: web.Request) -> web.Response:
+        if not self.m.ready or not self.m.engines:
+            return _not_ready()
+        if not self.m.args.enable_scale_out:
+            return _error(403, render.SCALE_OUT_DISABLED, "PermissionDeniedError")
+        try:
+            body = await self._body(request)
+            model = self.m.check_model(body.get("model"))
+            text = render.chat_text(body)
+            max_tokens = self._max_tokens(body, tok.count_tokens(text), None)
+            return web.json_response(render.render_chat(body, model, max_tokens))
+        except RequestError as e:
+            return _error(e.status, e.message, e.kind, e.param)
+
+    async def render_completion(self, request: web.Request) -> web.Response:
+        if not self.m.ready or not self.m.engines:
+            return _not_ready()
+        if not self.m.args.enable_scale_out:
+            return _error(403, render.SCALE_OUT_DISABLED, "PermissionDeniedError")
+        try:
+            body = await self._body(request)
+            model = self.m.check_model(body.get("model"))
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]
+            if isinstance(prompt, str) and prompt:
+                ids = tok.prompt_token_ids(prompt)
+            elif isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
+                ids = list(prompt)
+            else:
+                raise RequestError(400, "prompt must be a non-empty string or token id list (one prompt)",
+                                   param="prompt")
+            max_tokens = self._max_tokens(body, len(ids), 16)
+            return web.json_response(render.render_completion(body, model, max_tokens, ids))
+        except RequestError as e:
+            return _error(e.status, e.message, e.kind, e.param)
+
+    def _max_tokens(self, body: dict, prompt_tokens: int, default_max: int | None) -> int:
+        """get_max_tokens: the request's limit (checked against the context as a completion is), else the room
+        left in the context."""
+        _, max_tokens, _ = self.m.output_length({**body, "ignore_eos": True}, prompt_tokens, default_max)
+        return max_tokens if max_tokens is not None else self.m.cfg.max_model_len - prompt_tokens
 
     async def _serve(self, request, body, model, text, ids, chat: bool) -> web.StreamResponse:
         m = self.m

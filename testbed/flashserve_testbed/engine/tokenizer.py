@@ -50,8 +50,10 @@ def _content_text(content: object) -> str:
     return json.dumps(content, sort_keys=True)
 
 
-def render_chat(messages: Sequence[dict], tools: object = None, add_generation_prompt: bool = True) -> str:
-    """Deterministic, prefix-stable chat template."""
+def render_chat(messages: Sequence[dict], tools: object = None, add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> str:
+    """Deterministic, prefix-stable chat template. `continue_final_message` leaves the last message open (no
+    `<|end|>`), as vLLM's template option of that name does."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out = []
@@ -64,9 +66,26 @@ def render_chat(messages: Sequence[dict], tools: object = None, add_generation_p
         if m.get("tool_calls"):
             body += json.dumps(m["tool_calls"], sort_keys=True, separators=(",", ":"))
         out.append(f"<|{m['role']}|>{body}<|end|>")
-    if add_generation_prompt:
+    if continue_final_message:
+        out[-1] = out[-1].removesuffix("<|end|>")
+    elif add_generation_prompt:
         out.append("<|assistant|>")
     return "".join(out)
+
+
+# DeepSeek-V3's vocabulary size (its config.json); the mock's ids only need to be stable and in range.
+VOCAB_SIZE = 129280
+
+
+def prompt_token_strs(text: str) -> list[str]:
+    """The mock's tokens of `text`: 4-character slices from its start (the last may be shorter)."""
+    return [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
+
+
+def prompt_token_ids(text: str) -> list[int]:
+    """One id per token, fixed by the token's characters alone, so two prompts sharing a prefix share the ids
+    of its full tokens (what a prefix-aware router matches on)."""
+    return [zlib.crc32(t.encode("utf-8", "surrogatepass")) % VOCAB_SIZE for t in prompt_token_strs(text)]
 
 
 def output_offset(prompt_key: str | Sequence[int]) -> int:

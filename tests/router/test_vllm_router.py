@@ -1,0 +1,157 @@
+"""The real vllm-router (PyPI 0.1.17) in front of mock engines: OpenAI streaming through it, consistent hashing
+on the session header, and the render route its cache_aware policy asks each engine for (docs/vllm-router.md).
+Also the launcher's command line and its refusals, which need no binary."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+from flashserve_testbed.router import mockfleet as mf
+from flashserve_testbed.router.vllm_router import (
+    RouterOptions,
+    RouterOptionsError,
+    VllmRouter,
+    argv,
+    free_port,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+SYSTEM = "You are a coding agent working in a large repository. " * 40
+
+
+def _router(engines, tmp_path: Path, policy: str, **kw) -> VllmRouter:
+    opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(), prometheus_port=free_port(),
+                         policy=policy, **kw)
+    return VllmRouter(opts, tmp_path / f"router-{policy}.log").start()
+
+
+@pytest.fixture
+def engines(tmp_path, vllm_router_bin):
+    fleet = mf.start_engines(2, tmp_path / "engines", flags=("--enable-scale-out",), time_scale=10)
+    yield fleet
+    mf.stop_all(fleet)
+
+
+def _served(engines) -> list[float]:
+    return [mf.counter(e.metrics(), "vllm:request_success_total") for e in engines]
+
+
+def _chat(base: str, content: str, headers: dict | None = None, extra: dict | None = None) -> None:
+    body = {"model": mf.SERVED, "max_tokens": 2,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}], **(extra or {})}
+    req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"content-type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+        r.read()
+
+
+def test_openai_client_streams_through_the_router_and_cache_aware_gets_tokens(engines, tmp_path):
+    router = _router(engines, tmp_path, "cache_aware")
+    try:
+        client = openai.OpenAI(base_url=router.base + "/v1", api_key="unused")
+        for turn in range(3):
+            chunks = list(client.chat.completions.create(
+                model=mf.SERVED, max_tokens=12, stream=True, stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+                messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"task {turn}"}]))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert len(text) == 4 * 12  # the mock's 4-character tokens, every one streamed through
+            assert chunks[-1].usage.completion_tokens == 12
+        metrics = router.metrics()
+        inputs = mf.samples(metrics, "vllm_router_kv_routing_inputs_total")
+        decisions = mf.samples(metrics, "vllm_router_prefix_routing_decisions_total")
+        assert sum(v for k, v in inputs.items() if 'result="render"' in k) >= 3
+        assert not [k for k in inputs if "render_unavailable" in k or "preparation_rejected" in k], inputs
+        assert not [k for k in decisions if "missing_tokens" in k], decisions
+        # the later turns share the system prompt's tokens with the first: the tree matched them
+        assert sum(v for k, v in decisions.items() if "prefix_hit" in k) >= 2, decisions
+        log = router.log_text()
+        assert "render_unavailable" not in log and "missing_tokens" not in log
+    finally:
+        router.stop()
+
+
+def test_consistent_hash_keeps_a_session_key_on_one_engine(engines, tmp_path):
+    router = _router(engines, tmp_path, "consistent_hash")
+    try:
+        homes: dict[str, int] = {}
+        for key in [f"session-{i}" for i in range(12)]:
+            for turn in range(3):
+                before = _served(engines)
+                _chat(router.base, f"{key} turn {turn} " + "x" * turn, {"X-Session-ID": key})
+                after = _served(engines)
+                moved = [i for i, (a, b) in enumerate(zip(before, after)) if b > a]
+                assert len(moved) == 1
+                assert homes.setdefault(key, moved[0]) == moved[0], f"{key} moved engines on turn {turn}"
+        assert set(homes.values()) == {0, 1}, "12 keys all hashed to one of two engines"
+        # the body's session_params.session_id is a key too ...
+        for key in ("b1", "b2", "b3"):
+            before = _served(engines)
+            for turn in range(3):
+                _chat(router.base, f"{key} turn {turn}", extra={"session_params": {"session_id": key}})
+            assert sorted(b - a for a, b in zip(before, _served(engines))) == [0, 3], key
+        # ... and the header wins over it: six body keys, all on the header's engine
+        before = _served(engines)
+        for i in range(6):
+            _chat(router.base, f"both {i}", {"X-Session-ID": "session-0"}, {"session_params": {"session_id": f"o{i}"}})
+        assert [b - a for a, b in zip(before, _served(engines))][homes["session-0"]] == 6
+    finally:
+        router.stop()
+
+
+def test_engines_without_the_render_route_leave_cache_aware_without_tokens(tmp_path, vllm_router_bin):
+    """What a plain `vllm serve` (no --enable-scale-out) gives the router: render answers 403, and 0.1.17 does
+    not fall back to /tokenize then (it does on a 404), so cache_aware routes without the prompt's tokens."""
+    fleet = mf.start_engines(2, tmp_path / "engines", time_scale=10)
+    try:
+        router = _router(fleet, tmp_path, "cache_aware")
+        try:
+            for i in range(2):
+                _chat(router.base, f"task {i}")
+            metrics = router.metrics()
+            inputs = mf.samples(metrics, "vllm_router_kv_routing_inputs_total")
+            decisions = mf.samples(metrics, "vllm_router_prefix_routing_decisions_total")
+            assert any("preparation_rejected" in k for k in inputs), inputs
+            assert any("missing_tokens" in k for k in decisions), decisions
+        finally:
+            router.stop()
+    finally:
+        mf.stop_all(fleet)
+
+
+def test_argv_binds_loopback_and_passes_the_options():
+    opts = RouterOptions(worker_urls=("http://127.0.0.1:8001/", "http://127.0.0.2:8002"), port=30001,
+                         prometheus_port=30002, policy="consistent_hash", balance_abs_threshold=4,
+                         cache_threshold=0.5)
+    cmd = argv(opts, executable="vllm-router")
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--policy") + 1] == "consistent_hash"
+    assert cmd[cmd.index("--balance-abs-threshold") + 1] == "4"
+    assert cmd[cmd.index("--cache-threshold") + 1] == "0.5"
+    i = cmd.index("--worker-urls")
+    assert cmd[i + 1 : i + 3] == ["http://127.0.0.1:8001", "http://127.0.0.2:8002"]
+    assert "--balance-rel-threshold" not in cmd  # unset: the router's own default
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"worker_urls": ("http://10.0.0.5:8000",)}, "worker_urls[0]"),
+    ({"worker_urls": ("127.0.0.1:8000",)}, "worker_urls[0]"),
+    ({"worker_urls": ()}, "worker_urls"),
+    ({"policy": "least_busy"}, "policy"),
+    ({"cache_threshold": 1.5}, "cache_threshold"),
+    ({"balance_rel_threshold": 0.5}, "balance_rel_threshold"),
+    ({"prometheus_port": 30001}, "prometheus_port"),
+    ({"extra_args": ("--host", "0.0.0.0")}, "extra_args"),
+])
+def test_options_refuse_what_would_leave_loopback_or_not_run(kw, field):
+    base = {"worker_urls": ("http://127.0.0.1:8001",), "port": 30001, "prometheus_port": 30002}
+    with pytest.raises(RouterOptionsError) as e:
+        RouterOptions(**{**base, **kw})
+    assert str(e.value).startswith(field + ":")
