@@ -140,6 +140,26 @@ def _broken(rng: random.Random, base: dict) -> list[tuple[str, dict]]:
         ("minAboveMaxReplicas", _set(base, "autoscaling", {"minReplicas": rng.randint(3, 9), "maxReplicas": 2})),
         ("resourceQuantity", _set(base, "engine.resources." + rng.choice(["cpu", "memory", "shmSize"]),
                                   rng.choice(["abc", "-1", "0", 0, -4, "1.5.5", "1e", "10Gib", "", "+", "0.0Gi"]))),
+        # values the children carry, in Kubernetes' own grammars (api/kubevalues.py)
+        ("tolerationKeylessEqual", _set(base, "placement.tolerations", [rng.choice(
+            [{"operator": "Equal", "value": "x"}, {"key": "", "effect": "NoSchedule"}, {}])])),
+        ("tolerationExistsValue", _set(base, "placement.tolerations", [{"key": "k", "operator": "Exists",
+                                                                         "value": "v"}])),
+        ("tolerationSecondsEffect", _set(base, "placement.tolerations", [{"key": "k", "operator": "Exists",
+                                      "tolerationSeconds": 30, "effect": rng.choice(["NoSchedule", None])}])),
+        ("tolerationKeyGrammar", _set(base, "placement.tolerations", [{"key": rng.choice(
+            ["has space", "-x", "a/b/c", "Upper.Case/x", "x" * 64, "nul\u0000"]), "operator": "Exists"}])),
+        ("tolerationValueGrammar", _set(base, "placement.tolerations", [{"key": "k", "value": rng.choice(
+            ["has space", "-x", "x" * 64, "a/b"])}])),
+        ("nodeSelectorKey", _set(base, "placement.nodeSelector", {rng.choice(["has space", "-x", "a/b/c", "x" * 64,
+                                                                              "p" * 254 + "/x"]): "v"})),
+        ("nodeSelectorValue", _set(base, "placement.nodeSelector", {"pool": rng.choice(["has space", "-x", "a/b",
+                                                                                        "nul\u0000"])})),
+        ("topologyKey", _set(base, "placement.nvlinkDomain.topologyKey", rng.choice(["has space", "-x", "a/b/c"]))),
+        ("secretKey", _set(base, "model.source", {"huggingFace": {"tokenSecretRef": {"name": "s", "key": rng.choice(
+            ["has space", "a/b", "x:y"])}}})),
+        ("envSecretKey", _set(base, "engine.env", [{"name": "A", "valueFrom": {"secretKeyRef": {
+            "name": "s", "key": rng.choice(["has space", "a/b"])}}}])),
     ]
 
 

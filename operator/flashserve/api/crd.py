@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
+from flashserve.api import kubevalues
 from flashserve.api import v1alpha1 as api
 from flashserve.facts import vllm_rules
 from flashserve.facts.accelerators import ACCELERATORS
@@ -204,6 +205,11 @@ RULES: dict[str, list[dict[str, str]]] = {
         },
         {"rule": "!(has(self.value) && has(self.valueFrom))", "message": "set value or valueFrom, not both"},
     ],
+    "Toleration": kubevalues.TOLERATION_RULES,
+    "NVLinkDomainSpec": [
+        {"rule": f"{kubevalues.CEL_PREFIX.replace('self', 'self.topologyKey')}",
+         "message": f"topologyKey's prefix must be at most {kubevalues.PREFIX_MAX} characters", "fieldPath": ".topologyKey"},
+    ],
     "EnvVarSource": [
         {
             "rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",
@@ -260,10 +266,19 @@ def _convert(node: dict, defs: dict, model: type[BaseModel] | None = None) -> di
         out["maximum"], out["exclusiveMaximum"] = out["exclusiveMaximum"], True
     if out.get("default", 0) is None:
         del out["default"]
-    key_max = (node.get("propertyNames") or {}).get("maxLength")
-    if key_max is not None:  # structural schemas have no propertyNames: the same bound as a rule
+    names = node.get("propertyNames") or {}
+    key_max, key_pattern = names.get("maxLength"), names.get("pattern")
+    if key_max is not None:  # structural schemas have no propertyNames: the same bounds as rules
         out["x-kubernetes-validations"] = [{"rule": f"self.all(k, size(k) <= {key_max})",
                                             "message": f"keys must be at most {key_max} characters"}]  # fmt: skip
+    if key_pattern is not None:
+        hint = kubevalues.HINTS.get(key_pattern, f"match {key_pattern}")
+        out.setdefault("x-kubernetes-validations", []).append(
+            {"rule": f"self.all(k, {kubevalues.cel_matches('k', key_pattern)})", "message": f"each key must be {hint}"})
+        if key_pattern == kubevalues.QUALIFIED_NAME:
+            out["x-kubernetes-validations"].append(
+                {"rule": f"self.all(k, {kubevalues.CEL_PREFIX.replace('self', 'k')})",
+                 "message": f"a key's prefix must be at most {kubevalues.PREFIX_MAX} characters"})  # fmt: skip
     if out.get("additionalProperties") is False:
         del out["additionalProperties"]
     elif isinstance(out.get("additionalProperties"), dict):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
+from flashserve.api.kubevalues import LabelValue, QualifiedName, SecretKey, TolerationKey
 from flashserve.api.quantity import QUANTITY_JSON_SCHEMA
 from flashserve.facts import engine_choices as choices
 from flashserve.facts.accelerators import AcceleratorName
@@ -68,7 +69,7 @@ class _Model(BaseModel):
 class SecretKeyRef(_Model):
     name: K8sName
     """Name of a Secret in the serving's namespace."""
-    key: str = Field("HF_TOKEN", min_length=1, max_length=253)
+    key: SecretKey = "HF_TOKEN"
     """Key within the Secret."""
 
 
@@ -238,9 +239,9 @@ class ParallelismSpec(_Model):
 
 
 class Toleration(_Model):
-    key: str | None = Field(None, max_length=316)
+    key: TolerationKey | None = None
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(None, max_length=63)
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
 
@@ -249,7 +250,7 @@ class NVLinkDomainSpec(_Model):
     enabled: bool = True
     """Keep every pod of a multi-node group on nodes of one NVLink domain (same clique label value).
     Required for multi-node groups on GB200/GB300."""
-    topology_key: str = Field("nvidia.com/gpu.clique", min_length=1, max_length=316)
+    topology_key: QualifiedName = "nvidia.com/gpu.clique"
     """Node label whose value names the NVLink domain."""
 
 
@@ -264,7 +265,7 @@ class ComputeDomainSpec(_Model):
 class PlacementSpec(_Model):
     accelerator: AcceleratorName = "GB200"
     """GPU system: GB200 or GB300 (4 GPUs per node, NVL72 racks) or B200 or B300 (8 GPUs per node)."""
-    node_selector: dict[Annotated[str, Field(max_length=316)], Annotated[str, Field(max_length=63)]] = Field(
+    node_selector: dict[QualifiedName, LabelValue] = Field(
         default_factory=dict, max_length=MAX_LIST
     )
     """Extra node labels the pods require (e.g. a node pool)."""

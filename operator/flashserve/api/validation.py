@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from flashserve.api import context_length, quantity
+from flashserve.api import context_length, kubevalues, quantity
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
 from flashserve.facts import vllm_rules
 from flashserve.facts.accelerators import accelerator
@@ -62,6 +62,8 @@ def _pydantic_errors(exc: ValidationError, prefix: str) -> list[FieldError]:
             msg = "unknown field: remove it or check its spelling (`kubectl explain deepseekserving.spec`)"
         elif err["type"] == "literal_error":
             msg = f"{msg} (got {err['input']!r})"
+        elif err["type"] == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") in kubevalues.HINTS:
+            msg = f"{str(err['input'])[:80]!r} is not {kubevalues.HINTS[err['ctx']['pattern']]}"
         out.setdefault(path, FieldError(path, msg))  # unions report once per member: keep the first
     return list(out.values())
 
@@ -188,6 +190,16 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
             quantity.check(getattr(eng.resources, "shm_size" if key == "shmSize" else key))
         except ValueError as exc:
             errs.append(FieldError(f"spec.engine.resources.{key}", str(exc)))
+    place = spec.placement
+    for i, tol in enumerate(place.tolerations):
+        for field, message in kubevalues.toleration_errors(tol.key, tol.operator, tol.value, tol.effect,
+                                                           tol.toleration_seconds):  # fmt: skip
+            errs.append(FieldError(f"spec.placement.tolerations[{i}].{field}", message))
+    for key in place.node_selector:
+        if message := kubevalues.prefix_error(key):
+            errs.append(FieldError(f"spec.placement.nodeSelector[{key[:40]!r}]", message))
+    if message := kubevalues.prefix_error(place.nvlink_domain.topology_key):
+        errs.append(FieldError("spec.placement.nvlinkDomain.topologyKey", message))
     for i, message in extra_args_errors(eng.extra_args):
         errs.append(FieldError(f"spec.engine.extraArgs[{i}]", message))
     seen_env: set[str] = set()
