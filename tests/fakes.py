@@ -39,11 +39,12 @@ def api_error(status: int, message: str) -> ApiException:
 
 class FakeKube:
     """Objects by (kind, namespace, name). Apply replaces the object (enough for what the operator sets);
-    StatefulSets get their pods at once, ready unless their name is in `unready`.
+    StatefulSets get their pods at once, ready unless their name is in `unready`, none when `refuse_pods`
+    made the API server refuse them (and recorded the StatefulSet controller's FailedCreate Event in `events`).
 
     Every call is recorded in `calls`, also the ones that fail. `errors[(verb, kind)]` is raised by every such
     call, or, when it is a list, by the next calls one each; before the call changes anything (verbs: apply,
-    get, delete, replicas, status; a status patch is of kind DeepSeekServing). They are errors as they reach the
+    get, delete, replicas, status, list; a status patch is of kind DeepSeekServing, an Event list of kind Event). They are errors as they reach the
     controller through the real Kube, which already turns a 404 or 409 on delete into success."""
 
     def __init__(self):
@@ -52,6 +53,8 @@ class FakeKube:
         self.status: dict[tuple[str, str], dict] = {}
         self.status_patches: list[dict] = []  # each status patch as sent
         self.unready: set[str] = set()
+        self.refused: set[str] = set()  # StatefulSets whose pods the API server refuses
+        self.events: list[dict] = []  # core/v1 Events, as other controllers record them
         self.errors: dict[tuple[str, str], BaseException | list[BaseException]] = {}
         self.requests = 0
 
@@ -101,6 +104,15 @@ class FakeKube:
         self._fail("replicas", "StatefulSet")
         self.objects[("StatefulSet", namespace, statefulset)]["spec"]["replicas"] = replicas
 
+    def failed_create_message(self, namespace: str, statefulset: str, uid: str | None = None) -> str | None:
+        self.requests += 1
+        self.calls.append(("list", "Event", statefulset))
+        self._fail("list", "Event")
+        mine = [e for e in self.events if e["metadata"]["namespace"] == namespace and e["reason"] == "FailedCreate"
+                and e["involvedObject"]["kind"] == "StatefulSet" and e["involvedObject"]["name"] == statefulset
+                and (uid is None or e["involvedObject"]["uid"] == uid)]  # fmt: skip
+        return max(mine, key=lambda e: e["lastTimestamp"])["message"] if mine else None
+
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
         self.requests += 1
         self.calls.append(("status", name))
@@ -113,6 +125,21 @@ class FakeKube:
 
     def patch_spec_replicas(self, namespace: str, name: str, replicas: int, resource_version: str | None) -> None:
         self.calls.append(("spec-replicas", name, replicas))
+
+    # -- what other controllers do
+
+    def refuse_pods(self, statefulset: str, why: str, at: str = "2026-01-01T00:00:00Z", uid: str | None = None) -> None:
+        """The API server refuses the pods of `statefulset` (`why`, as admission words it): the StatefulSet
+        gets none, and the StatefulSet controller records a FailedCreate Event on it, worded as it words them."""
+        self.refused.add(statefulset)
+        pod = f"{statefulset}-0"
+        self.events.append({
+            "metadata": {"name": f"{statefulset}.{len(self.events):x}", "namespace": NS},
+            "involvedObject": {"kind": "StatefulSet", "name": statefulset, "namespace": NS,
+                               "uid": uid or f"uid-StatefulSet-{statefulset}"},
+            "reason": "FailedCreate", "type": "Warning", "lastTimestamp": at,
+            "message": f"create Pod {pod} in StatefulSet {statefulset} failed error: pods \"{pod}\" is forbidden: {why}",
+        })  # fmt: skip
 
     # -- what the watches show
 
@@ -132,7 +159,7 @@ class FakeKube:
             if kind == "StatefulSet":
                 h = (obj["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, "")
                 group = int(obj["metadata"]["labels"].get(GROUP_LABEL, "-1"))
-                for k in range(obj["spec"]["replicas"]):
+                for k in range(0 if name in self.refused else obj["spec"]["replicas"]):
                     out.pods.append(PodView(f"{name}-{k}", group, h, name not in self.unready, False, "Running",
                                             False, 0, "node"))  # fmt: skip
         return out

@@ -38,7 +38,7 @@ NAMESPACED_ACCESS = {
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "delete"},
-    ("", "events"): {"create"},
+    ("", "events"): {"create", "list"},
     ("resource.nvidia.com", "computedomains"): {"get", "create", "patch", "delete"},
 }
 # Kinds the reconciler deletes (plan.py: groups beyond replicas, pods of a group in a rollout, a NetworkPolicy
@@ -165,6 +165,7 @@ def test_namespaced_rules_match_what_the_code_does(render):
     need("flashserve.io", "deepseekservings", "patch")  # Kube.patch_spec_replicas, Kube.annotate (autoscaler)
     need("flashserve.io", "deepseekservings/status", "patch")  # Kube.patch_status
     need("", "events", "create")  # kopf.event
+    need("", kube.EVENTS_PATH.split("/")[-1], "list")  # Kube.failed_create_message: why pods are refused
 
     for key, verbs in needed.items():
         assert verbs <= role.get(key, set()), f"the operator needs {sorted(verbs)} on {key}, the chart grants {role.get(key)}"

@@ -107,8 +107,9 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
   verbs: ["get", "list", "watch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
-  # kopf posts core/v1 Events about servings
-  verbs: ["create"]
+  # kopf posts core/v1 Events about servings; a StatefulSet's FailedCreate Events are listed (only while it
+  # lacks pods) to say why the API server refuses its pods
+  verbs: ["create", "list"]
 {{- if .Values.rbac.computeDomains }}
 - apiGroups: ["resource.nvidia.com"]
   resources: ["computedomains"]

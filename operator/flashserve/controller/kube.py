@@ -27,6 +27,7 @@ _PATHS = {
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains/{name}",
 }  # fmt: skip
 _KIND_VERSION = {kind: api for api, kind in _PATHS}
+EVENTS_PATH = "/api/v1/namespaces/{ns}/events"
 
 
 class Kube:
@@ -87,6 +88,19 @@ class Kube:
             if exc.status not in (404, 409):  # already gone (or replaced by another object) is the goal
                 raise
 
+    def failed_create_message(self, namespace: str, statefulset: str, uid: str | None = None) -> str | None:
+        """The message of the latest FailedCreate Event the StatefulSet controller recorded on a StatefulSet
+        (only on the one with `uid`, when given: not on an earlier one of the same name), else None."""
+        selector = f"involvedObject.kind=StatefulSet,involvedObject.name={statefulset},reason=FailedCreate"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
+        items = json.loads(self._call("GET", EVENTS_PATH.format(ns=namespace), query=[("fieldSelector", selector)]))
+        events = [e for e in (items or {}).get("items") or [] if isinstance(e, dict)]
+        if not events:
+            return None
+        latest = max(events, key=_event_time)
+        return str(latest.get("message") or "")
+
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         self._call("PATCH", path, {"status": status}, "application/merge-patch+json",
@@ -103,3 +117,10 @@ class Kube:
         meta = {"resourceVersion": resource_version} if resource_version else {}
         body = {"metadata": meta, "spec": {"replicas": replicas}}
         self._call("PATCH", path, body, "application/merge-patch+json", [("fieldManager", FIELD_MANAGER)])
+
+
+def _event_time(event: dict) -> str:
+    """When an Event was last seen (RFC 3339, which sorts as text): an aggregated one's last occurrence."""
+    series = event.get("series") or {}
+    return (event.get("lastTimestamp") or series.get("lastObservedTime") or event.get("eventTime")
+            or (event.get("metadata") or {}).get("creationTimestamp") or "")  # fmt: skip

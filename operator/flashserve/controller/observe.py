@@ -70,6 +70,23 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
     )
 
 
+def pods_missing(observed: Observed) -> dict[str, int]:
+    """StatefulSets with fewer pods than they ask for: name -> pods missing. A pod counts as soon as it exists,
+    in the watch or in the StatefulSet's status.replicas (whichever shows more), so lag of one watch does not
+    make a shortage; a pod the API server refused exists in neither."""
+    have: dict[str, int] = {}
+    for p in observed.pods:
+        sts = statefulset_of(p.name)
+        have[sts] = have.get(sts, 0) + 1
+    out = {}
+    for name, sts in observed.statefulsets.items():
+        want = (sts.get("spec") or {}).get("replicas", 1)
+        created = (sts.get("status") or {}).get("replicas") or 0
+        if isinstance(want, int) and want > max(have.get(name, 0), created if isinstance(created, int) else 0):
+            out[name] = want - max(have.get(name, 0), created)
+    return out
+
+
 def serving_key(namespace: str, labels: dict) -> tuple[str, str] | None:
     serving = (labels or {}).get(SERVING_LABEL)
     return (namespace, serving) if serving else None
@@ -84,6 +101,7 @@ def slim(body: dict) -> dict:
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
             "labels": dict(meta.get("labels") or {}),
             "annotations": dict(meta.get("annotations") or {}),
             "ownerReferences": list(meta.get("ownerReferences") or []),

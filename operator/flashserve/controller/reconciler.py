@@ -26,6 +26,7 @@ from flashserve.controller.observe import (
     Observed,
     controller_uid,
     owned,
+    pods_missing,
     statefulset_of,
 )
 from flashserve.controller.plan import Plan, plan
@@ -54,6 +55,14 @@ API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 # identical write is not repeated just because the mirror of the cluster has not caught up; a real outside
 # change is still restored once the window has passed (well within one resync).
 RECENT_WRITE_S = 10.0
+
+# A StatefulSet makes its pods within a second or two (podManagementPolicy Parallel). One that has had fewer
+# pods than it asks for since PODS_GRACE_S is looked into: the StatefulSet controller records why the API
+# server refused a pod (Pod Security admission, a ResourceQuota, a LimitRange, a webhook) only as an Event on
+# the StatefulSet, so that Event is read then, and only then (never in steady state), at most once per
+# PODS_GRACE_S while the shortage lasts, or every REFUSAL_RECHECK_S while it has no such Event.
+PODS_GRACE_S = 5.0
+REFUSAL_RECHECK_S = 10.0
 
 
 # Planning renders templates: seconds of CPU for a serving at the group ceiling when its spec changes. It runs
@@ -128,11 +137,16 @@ class Controller:
         self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
         self._status: dict[tuple[str, str], dict] = {}  # the status this operator last wrote, per serving
         self._uncreated: dict[tuple[str, str], set[str]] = {}  # "Kind/name" the API server refused to create
+        self._short: dict[tuple[str, str], dict[str, float]] = {}  # StatefulSet -> since when it lacks pods
+        # StatefulSet -> (the FailedCreate message, or None when it had none; when that was read)
+        self._refusals: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
 
     def forget(self, namespace: str, name: str) -> None:
         """A serving is gone: a new one of the same name starts from its own (empty) status."""
         self._status.pop((namespace, name), None)
         self._uncreated.pop((namespace, name), None)
+        self._short.pop((namespace, name), None)
+        self._refusals.pop((namespace, name), None)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -167,9 +181,60 @@ class Controller:
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
     def next_evaluation_in(self, body: dict) -> float:
-        if self.autoscaler is None:
-            return self.resync_seconds
-        return self.autoscaler.next_evaluation_in(body)
+        base = self.resync_seconds if self.autoscaler is None else self.autoscaler.next_evaluation_in(body)
+        check = self._next_refusal_check((body["metadata"]["namespace"], body["metadata"]["name"]))
+        return base if check is None else min(base, check)
+
+    def _next_refusal_check(self, key: tuple[str, str]) -> float | None:
+        """Seconds until a StatefulSet short of pods is due to be looked into (again), if one is."""
+        now = time.monotonic()
+        read = self._refusals.get(key, {})
+        due = []
+        for sts, since in self._short.get(key, {}).items():
+            if sts not in read:
+                due.append(since + PODS_GRACE_S - now)
+            elif read[sts][0] is None:
+                due.append(read[sts][1] + REFUSAL_RECHECK_S - now)
+        return max(0.0, min(due)) if due else None
+
+    async def _pods_refused(self, namespace: str, name: str, mine: Observed) -> list[tuple[int, str, str]]:
+        """(group, StatefulSet, the API server's message) for each StatefulSet that has lacked pods for longer
+        than PODS_GRACE_S and whose latest FailedCreate Event says why. Reads Events only for those."""
+        key, now = (namespace, name), time.monotonic()
+        missing = pods_missing(mine)
+        previous = self._short.get(key, {})
+        since = {sts: previous.get(sts, now) for sts in missing}
+        read = {sts: r for sts, r in self._refusals.get(key, {}).items() if sts in missing}
+        if since:
+            self._short[key] = since
+        else:
+            self._short.pop(key, None)
+        out = []
+        for sts, t in sorted(since.items()):
+            if now - t < PODS_GRACE_S:
+                continue
+            last = read.get(sts)
+            if last is None or now - last[1] >= (REFUSAL_RECHECK_S if last[0] is None else PODS_GRACE_S):
+                uid = (mine.statefulsets[sts].get("metadata") or {}).get("uid")
+                try:
+                    message = await asyncio.to_thread(self.kube.failed_create_message, namespace, sts, uid)
+                except Exception as exc:  # noqa: BLE001 - not knowing why is no reason to fail the reconcile
+                    log.warning("%s/%s: reading the events of StatefulSet/%s failed: %s", namespace, name, sts,
+                                _api_message(exc))  # fmt: skip
+                    message = last[0] if last else None
+                read[sts] = last = (message, now)
+            if last[0]:
+                labels = (mine.statefulsets[sts].get("metadata") or {}).get("labels") or {}
+                try:
+                    group = int(labels.get(GROUP_LABEL, "-1"))
+                except ValueError:
+                    group = -1
+                out.append((group, sts, last[0][:API_MESSAGE_MAX]))
+        if read:
+            self._refusals[key] = read
+        else:
+            self._refusals.pop(key, None)
+        return out
 
     async def reconcile(self, body: dict, observed: Observed, logger: logging.Logger) -> None:
         self.stats.reconciles += 1
@@ -223,7 +288,8 @@ class Controller:
 
         counts = group_counts(p.groups)
         extra_groups = len(p.deleted_groups)
-        conds = group_conditions(p.groups, spec.replicas, extra_groups) + extra_conds
+        refused = await self._pods_refused(namespace, name, mine)
+        conds = group_conditions(p.groups, spec.replicas, extra_groups, refused) + extra_conds
         if outcome.failed or outcome.refused:
             conds = [c for c in conds if c.type != "Degraded"] + [_write_problems(outcome)]
         new_status = {

@@ -75,7 +75,10 @@ def merge_conditions(previous: list[dict] | None, new: list[Cond], now: str, gen
     return sorted(out, key=lambda c: CONDITION_TYPES.index(c["type"]) if c.get("type") in CONDITION_TYPES else 99)
 
 
-def group_conditions(groups: list[GroupState], desired: int, extra_groups: int) -> list[Cond]:
+def group_conditions(groups: list[GroupState], desired: int, extra_groups: int,
+                     refused: list[tuple[int, str, str]] = ()) -> list[Cond]:  # fmt: skip
+    """Ready, Progressing and Degraded from the groups' states; `refused` holds (group, StatefulSet, the API
+    server's message) for each StatefulSet whose pods the API server refuses to create."""
     ready = sum(g.ready for g in groups)
     updated = sum(g.updated and g.ready for g in groups)
     unschedulable = [g.index for g in groups if g.unschedulable]
@@ -102,13 +105,24 @@ def group_conditions(groups: list[GroupState], desired: int, extra_groups: int) 
     else:
         conds.append(Cond("Progressing", "False", "Complete", "all replica groups updated and ready"))
 
-    if unschedulable:
+    # Refused pods come first: they never reach the scheduler, and no capacity added would bring them.
+    if refused:
+        conds.append(pods_refused_condition(refused))
+    elif unschedulable:
         conds.append(Cond("Degraded", "True", "PodsUnschedulable",
                           f"groups {_ids(unschedulable)} have pods no node can take (pool exhausted or placement "
                           "impossible)"))  # fmt: skip
     else:
         conds.append(Cond("Degraded", "False", "AsExpected", ""))
     return conds
+
+
+def pods_refused_condition(refused: list[tuple[int, str, str]]) -> Cond:
+    """Degraded because the API server refuses to create pods (Pod Security admission, a ResourceQuota, a
+    LimitRange, a webhook): its own message per StatefulSet, as the StatefulSet controller recorded it."""
+    parts = [f"group {g} (StatefulSet {sts}): the API server refuses its pods: {message}"
+             for g, sts, message in sorted(refused)]  # fmt: skip
+    return Cond("Degraded", "True", "PodsRefused", join_capped(parts))
 
 
 def invalid_spec_conditions(errors: list[str]) -> list[Cond]:
