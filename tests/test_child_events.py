@@ -11,7 +11,11 @@ import kopf
 import pytest
 from flashserve.controller import handlers
 from flashserve.controller.main import _configure_kopf
-from flashserve.render.naming import SERVING_LABEL, legacy_serving_label_value, serving_label_value
+from flashserve.render.naming import (
+    SERVING_LABEL,
+    legacy_serving_label_value,
+    serving_label_value,
+)
 from kopf._cogs.structs import references
 
 from tests.builders import NS
