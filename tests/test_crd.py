@@ -154,3 +154,26 @@ def test_the_api_server_holds_servings_to_the_group_ceiling():
     assert by_path[".replicas"] == f"self.replicas <= {MAX_GROUPS}"
     by_path = {r["fieldPath"]: r["rule"] for r in autoscaling["x-kubernetes-validations"]}
     assert by_path[".maxReplicas"] == f"self.maxReplicas <= {MAX_GROUPS}"
+
+
+def test_every_object_in_the_schema_has_fields_or_a_value_schema():
+    """A map whose value schema is lost becomes an object with no fields: the API server prunes its keys and its
+    CEL rules do not compile (pydantic writes maps with patterned keys as patternProperties, which CRDs lack)."""
+    from flashserve.api.crd import generate_crd
+
+    schema = generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    bare = []
+
+    def walk(node, path):
+        if not isinstance(node, dict):
+            return
+        if node.get("type") == "object" and not ({"properties", "additionalProperties",
+                                                   "x-kubernetes-preserve-unknown-fields"} & node.keys()):  # fmt: skip
+            bare.append(path)
+        for key, sub in (node.get("properties") or {}).items():
+            walk(sub, f"{path}.{key}")
+        walk(node.get("items"), f"{path}[]")
+        walk(node.get("additionalProperties"), f"{path}{{}}")
+
+    walk(schema, "")
+    assert bare == [] or bare == [".metadata"], bare

@@ -207,7 +207,7 @@ RULES: dict[str, list[dict[str, str]]] = {
     ],
     "Toleration": kubevalues.TOLERATION_RULES,
     "NVLinkDomainSpec": [
-        {"rule": f"{kubevalues.CEL_PREFIX.replace('self', 'self.topologyKey')}",
+        {"rule": kubevalues.cel_prefix("self.topologyKey"),
          "message": f"topologyKey's prefix must be at most {kubevalues.PREFIX_MAX} characters", "fieldPath": ".topologyKey"},
     ],
     "EnvVarSource": [
@@ -268,6 +268,9 @@ def _convert(node: dict, defs: dict, model: type[BaseModel] | None = None) -> di
         del out["default"]
     names = node.get("propertyNames") or {}
     key_max, key_pattern = names.get("maxLength"), names.get("pattern")
+    if "patternProperties" in node:  # pydantic's form of a map whose keys have a pattern: a map plus a key rule
+        ((key_pattern, value_schema),) = node["patternProperties"].items()
+        out["additionalProperties"] = value_schema
     if key_max is not None:  # structural schemas have no propertyNames: the same bounds as rules
         out["x-kubernetes-validations"] = [{"rule": f"self.all(k, size(k) <= {key_max})",
                                             "message": f"keys must be at most {key_max} characters"}]  # fmt: skip
@@ -277,7 +280,7 @@ def _convert(node: dict, defs: dict, model: type[BaseModel] | None = None) -> di
             {"rule": f"self.all(k, {kubevalues.cel_matches('k', key_pattern)})", "message": f"each key must be {hint}"})
         if key_pattern == kubevalues.QUALIFIED_NAME:
             out["x-kubernetes-validations"].append(
-                {"rule": f"self.all(k, {kubevalues.CEL_PREFIX.replace('self', 'k')})",
+                {"rule": f"self.all(k, {kubevalues.cel_prefix('k')})",
                  "message": f"a key's prefix must be at most {kubevalues.PREFIX_MAX} characters"})  # fmt: skip
     if out.get("additionalProperties") is False:
         del out["additionalProperties"]

@@ -45,7 +45,9 @@ def prefix_error(key: str) -> str | None:
     return None
 
 
-CEL_PREFIX = f"!self.contains('/') || self.indexOf('/') <= {PREFIX_MAX}"
+def cel_prefix(var: str) -> str:
+    """CEL: the qualified name in `var` has a prefix of at most PREFIX_MAX characters."""
+    return f"(!{var}.contains('/') || {var}.indexOf('/') <= {PREFIX_MAX})"
 
 # Pod validation of a toleration (ValidateTolerations), as CEL on the toleration object, each with its message.
 TOLERATION_RULES: list[dict[str, str]] = [
@@ -65,7 +67,7 @@ TOLERATION_RULES: list[dict[str, str]] = [
         "message": "tolerationSeconds applies only to effect: NoExecute: set that effect or remove tolerationSeconds",
         "fieldPath": ".tolerationSeconds",
     },
-    {"rule": f"!has(self.key) || {CEL_PREFIX}", "message": f"the key's prefix must be at most {PREFIX_MAX} characters",
+    {"rule": f"!has(self.key) || {cel_prefix('self.key')}", "message": f"the key's prefix must be at most {PREFIX_MAX} characters",
      "fieldPath": ".key"},  # fmt: skip
 ]
 
