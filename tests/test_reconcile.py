@@ -432,6 +432,19 @@ def test_a_child_deleted_by_hand_is_made_again(events, clock):
     assert applied(kube) == [("Service", "flash")]
 
 
+def test_a_child_whose_deletion_the_watch_showed_is_made_again_within_the_write_window(events, clock):
+    kube, c, status = settled({"replicas": 1}, clock)
+    g0 = group_name("flash", 0)
+    for kind, name in (("Service", "flash"), ("StatefulSet", g0), ("PodDisruptionBudget", "flash")):
+        kube.objects.pop((kind, NS, name))
+        reconcile(c, kube, body("flash", status=status))
+        kube.objects.pop((kind, NS, name))  # deleted again moments after the operator made it
+        kube.calls.clear()
+        handlers.child_deleted(c, kind, NS, name, {})  # its DELETED event: no lag, a real deletion
+        reconcile(c, kube, body("flash", status=status))
+        assert applied(kube) == [(kind, name)], f"{kind}/{name} made again without waiting for the window"
+
+
 def test_a_statefulset_deleted_by_hand_is_drift_even_when_its_first_re_creation_fails(events, clock):
     kube, c, status = settled({"replicas": 1}, clock)
     g0 = group_name("flash", 0)

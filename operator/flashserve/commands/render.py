@@ -16,13 +16,21 @@ from flashserve.render.renderer import render_serving
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64  # far deeper than any DeepSeekServing; the YAML composer recurses once per level
+# No field of a DeepSeekServing needs more; Python refuses to convert integers of over 4,300 digits (a
+# ValueError from inside the YAML constructor), and converting long ones is quadratic.
+MAX_INT_CHARS = 64
+# YAML values (scalars, lists, maps) in one file. A sample DeepSeekServing has about 60; the pure-Python YAML
+# composer takes seconds per 100,000, so a 4 MiB file of `[a, a, ...]` would hold each command for minutes.
+MAX_NODES = 20_000
 
 
 class _Loader(yaml.SafeLoader):
     """Safe YAML without aliases (`*name`): an alias is a pointer, and a few lines of nested aliases expand to
-    billions of nodes. Nesting is capped too, so a deep document is an error instead of a RecursionError."""
+    billions of nodes. Nesting is capped too, so a deep document is an error instead of a RecursionError, and
+    so is the number of values in the file, which bounds the time a file can take."""
 
     _depth = 0
+    _nodes = 0
 
     def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
         if self.check_event(yaml.AliasEvent):
@@ -30,13 +38,26 @@ class _Loader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted: write the value out",
                                               mark)  # fmt: skip
         self._depth += 1
+        self._nodes += 1
         try:
+            if self._nodes > MAX_NODES:
+                raise yaml.composer.ComposerError(None, None, f"more than {MAX_NODES} values in one file: split it",
+                                                  self.peek_event().start_mark)  # fmt: skip
             if self._depth > MAX_DEPTH:
                 raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
                                                   self.peek_event().start_mark)  # fmt: skip
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_yaml_int(self, node):  # type: ignore[no-untyped-def]
+        if len(node.value) > MAX_INT_CHARS:
+            raise yaml.constructor.ConstructorError(None, None, f"an integer {len(node.value)} characters long: "
+                                                    f"no field takes more than {MAX_INT_CHARS}", node.start_mark)  # fmt: skip
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 def _read(path: str) -> bytes:
@@ -81,9 +102,15 @@ def _objects(path: str, namespace: str | None) -> list[dict]:
     return out
 
 
+ERROR_MAX_CHARS = 2000  # of one error line: a message that quotes a megabyte-long value quotes its start
+
+
 def _fail(exc: SpecError) -> int:
     for err in exc.errors:
-        print(f"error: {err}", file=sys.stderr)
+        text = str(err)
+        if len(text) > ERROR_MAX_CHARS:
+            text = f"{text[:ERROR_MAX_CHARS]}... ({len(text) - ERROR_MAX_CHARS} more characters)"
+        print(f"error: {text}", file=sys.stderr)
     return 2
 
 

@@ -84,13 +84,41 @@ async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> di
     return {key: pod_view(body)} if key else None
 
 
-# Deletions do not reach index functions; these wake the owner so a child deleted by hand returns at once.
-@kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
-@kopf.on.event("", "v1", "services", labels=MANAGED)
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-async def child_event(type: str, namespace: str, labels: dict, **_: Any) -> None:
-    if type == "DELETED":
-        _wake(serving_key(namespace, labels))
+# The resources whose objects the operator makes (and so watches), with their kinds. Their watches are
+# restricted by the API server to MANAGED objects (kopf's settings.watching.label_selectors, see
+# main.py): the `labels=` filter of a handler is applied by kopf on the client, after every object of the
+# kind in the watched namespaces has been sent, parsed and queued.
+CHILD_RESOURCES = {
+    ("apps", "v1", "statefulsets"): "StatefulSet",
+    ("", "v1", "services"): "Service",
+    ("policy", "v1", "poddisruptionbudgets"): "PodDisruptionBudget",
+    ("networking.k8s.io", "v1", "networkpolicies"): "NetworkPolicy",
+    ("", "v1", "pods"): "Pod",
+}
+MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+
+
+def child_deleted(controller: Controller, kind: str, namespace: str, name: str, labels: dict) -> bool:
+    """A managed child is gone: the write record that would take its absence for a watch that lags is
+    dropped, and its serving's worker is woken to make it again. False when no serving is named."""
+    controller.deleted(kind, namespace, name)
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return key is not None
+
+
+# Deletions do not reach index functions (kopf discards the object from the indexes before any handler
+# runs); these wake the owner so a child deleted by hand returns at once, not at the next resync.
+def _on_child_event(group: str, version: str, plural: str, kind: str) -> None:
+    @kopf.on.event(group, version, plural, labels=MANAGED, id=f"child_event/{plural}")
+    async def child_event(type: str | None, namespace: str, name: str, labels: dict, memo: kopf.Memo,
+                          **_: Any) -> None:  # fmt: skip
+        if type == "DELETED":
+            child_deleted(memo.controller, kind, namespace, name, labels)
+
+
+for (_group, _version, _plural), _kind in CHILD_RESOURCES.items():
+    _on_child_event(_group, _version, _plural, _kind)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

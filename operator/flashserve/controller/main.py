@@ -86,6 +86,12 @@ def _configure_kopf(settings: kopf.OperatorSettings, args: argparse.Namespace) -
     settings.posting.level = logging.WARNING  # only warnings from logs become Events; the rest are explicit
     settings.peering.standalone = True  # the Lease decides who acts
     settings.execution.max_workers = 4
+    # Server-side: the API server sends only the operator's own children, not every Pod and Service of the
+    # watched namespaces (the handlers' `labels=` filter alone is applied by kopf after receiving them).
+    from flashserve.controller.handlers import CHILD_RESOURCES, MANAGED_SELECTOR
+
+    for resource in CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = MANAGED_SELECTOR
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -157,6 +157,11 @@ class Controller:
         self._recent[key] = (what, now)
         return True
 
+    def deleted(self, kind: str, namespace: str, name: str) -> None:
+        """The watch showed this object deleted: a later absence is a deletion, not a watch that has not yet
+        shown the operator's own write, so the next plan's write of it is not skipped as a repeat."""
+        self._recent.pop((kind, namespace, name), None)
+
     def _retry(self, namespace: str, skipped: set[tuple[str, str]]) -> None:
         """Writes that did not happen are not "recent": the next reconcile tries them (and reports) again."""
         for kind, name in skipped:

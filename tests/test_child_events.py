@@ -1,0 +1,99 @@
+"""A child's DELETED watch event wakes its serving's worker at once (kopf drops a deleted object from the
+indexes before any handler runs, so only an on.event handler sees the deletion), for every kind the operator
+makes; and the API server, not kopf, restricts those watches to the operator's own children."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import kopf
+import pytest
+from flashserve.controller import handlers
+from flashserve.controller.main import _configure_kopf
+from flashserve.render.naming import (
+    SERVING_LABEL,
+    legacy_serving_label_value,
+    serving_label_value,
+)
+from kopf._cogs.structs import references
+
+from tests.builders import NS
+from tests.fakes import FakeKube, controller
+
+
+def _handler_for(group: str, version: str, plural: str):
+    """The on.event handler kopf would call for an event of this resource."""
+    resource = references.Resource(group, version, plural)
+    found = [h for h in kopf.get_default_registry()._watching.get_all_handlers()
+             if h.selector is not None and h.selector.check(resource)]  # fmt: skip
+    assert len(found) == 1, f"one on.event handler for {plural}, found {[h.id for h in found]}"
+    return found[0]
+
+
+@pytest.fixture
+def wakeups():
+    """Wake-up events for two servings' workers, removed afterwards."""
+    keys = [(NS, serving_label_value("flash")), (NS, serving_label_value("other"))]
+    for k in keys:
+        handlers._wakeups[k] = asyncio.Event()
+    yield {k: handlers._wakeups[k] for k in keys}
+    for k in keys:
+        handlers._wakeups.pop(k, None)
+
+
+@pytest.mark.parametrize("resource", list(handlers.CHILD_RESOURCES), ids=lambda r: r[2])
+def test_a_deleted_child_of_each_kind_wakes_its_own_servings_worker_only(resource, wakeups):
+    c = controller(FakeKube())
+    kind = handlers.CHILD_RESOURCES[resource]
+    c._recent[(kind, NS, "flash-x")] = ("digest", 0.0)
+    h = _handler_for(*resource)
+    labels = {**handlers.MANAGED, SERVING_LABEL: serving_label_value("flash")}
+    assert h.labels == handlers.MANAGED, "the handler sees managed children only"
+
+    async def call(type_: str | None) -> None:
+        await h.fn(type=type_, namespace=NS, name="flash-x", labels=labels, memo=kopf.Memo(controller=c))
+
+    for type_ in (None, "ADDED", "MODIFIED"):
+        asyncio.run(call(type_))
+    assert not any(e.is_set() for e in wakeups.values()), "only deletions wake from here (the index wakes the rest)"
+    assert (kind, NS, "flash-x") in c._recent
+
+    asyncio.run(call("DELETED"))
+    flash, other = wakeups.values()
+    assert flash.is_set() and not other.is_set()
+    assert (kind, NS, "flash-x") not in c._recent, "the write record would take the absence for a lagging watch"
+
+
+def test_a_child_under_an_earlier_label_value_wakes_the_worker_that_reads_it():
+    key = (NS, serving_label_value("a.b"))
+    legacy = (NS, legacy_serving_label_value("a.b"))
+    assert legacy != key
+    handlers._wakeups[key] = asyncio.Event()
+    handlers._aliases.setdefault(legacy, set()).add(key)
+    try:
+        woke = handlers.child_deleted(controller(FakeKube()), "StatefulSet", NS, "flash-g0",
+                                      {SERVING_LABEL: legacy[1]})  # fmt: skip
+        assert woke and handlers._wakeups[key].is_set()
+    finally:
+        handlers._aliases[legacy].discard(key)
+        handlers._wakeups.pop(key, None)
+
+
+def test_a_deleted_object_that_names_no_serving_wakes_nothing(wakeups):
+    assert not handlers.child_deleted(controller(FakeKube()), "Service", NS, "flash", {"app": "x"})
+    assert not any(e.is_set() for e in wakeups.values())
+
+
+def test_child_watches_are_restricted_by_the_api_server_to_managed_objects():
+    settings = kopf.OperatorSettings()
+    _configure_kopf(settings, argparse.Namespace(watch_timeout=60, watch_client_timeout=None))
+    managed = ",".join(f"{k}={v}" for k, v in handlers.MANAGED.items())
+    for group, version, plural in handlers.CHILD_RESOURCES:
+        got = settings.watching.label_selectors.collect(references.Resource(group, version, plural))
+        assert got == [managed], plural
+    # The servings themselves carry no such label; nor is any other kind of the same plural restricted.
+    for other in (references.Resource("flashserve.io", "v1alpha1", "deepseekservings"),
+                  references.Resource("serving.knative.dev", "v1", "services"),
+                  references.Resource("", "v1", "configmaps")):  # fmt: skip
+        assert settings.watching.label_selectors.collect(other) == [], other
