@@ -34,6 +34,16 @@ def test_transitions_emit_events_for_changes_only():
     assert transitions(a, b) == [("Warning", "InvalidSpec", "spec.x: bad")]
 
 
+def test_an_invalid_spec_is_told_once_though_it_sets_two_conditions():
+    from flashserve.controller.status import invalid_spec_conditions
+
+    ready = merge_conditions(None, [Cond("Ready", "True", "AllReplicasReady", "")], "T1", 1)
+    bad = merge_conditions(ready, invalid_spec_conditions(["spec.x: bad"]), "T2", 2)
+    assert {c["type"] for c in bad if c["reason"] == "InvalidSpec"} >= {"Ready", "Degraded"}
+    events = transitions(ready, bad)
+    assert [e for e in events if e[1] == "InvalidSpec"] == [events[0]] and len(set(events)) == len(events)
+
+
 def test_long_messages_are_capped_with_a_count_of_what_was_left_out():
     from flashserve.controller.status import (
         MESSAGE_MAX_BYTES,

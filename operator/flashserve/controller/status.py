@@ -166,4 +166,5 @@ def transitions(previous: list[dict] | None, current: list[dict]) -> list[tuple[
         elif c["type"] == "Progressing" and c["reason"] in ("RollingUpdate", "Complete") and p is not None:
             events.append(("Normal", "RolloutStarted" if c["reason"] == "RollingUpdate" else "RolloutComplete",
                            c["message"]))  # fmt: skip
-    return events
+    # One cause can set two conditions (an invalid spec: Ready and Degraded): tell it once.
+    return list(dict.fromkeys(events))
