@@ -49,3 +49,18 @@ def prometheus():
     yield f"http://127.0.0.1:{server.server_address[1]}", handler
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The reconciler reads this clock (tests.fakes.Clock) instead of the machine's."""
+    import types
+
+    from flashserve.controller import reconciler as reconciler_mod
+
+    from tests.fakes import Clock
+
+    c = Clock()
+    monkeypatch.setattr(reconciler_mod, "time", types.SimpleNamespace(monotonic=c.monotonic))
+    monkeypatch.setattr(reconciler_mod, "now_iso", c.iso)
+    return c

@@ -293,3 +293,19 @@ class FakeApiClient:
         if isinstance(answer, str):  # an error message: sent as the API server sends it
             return FakeResponse(status, api_error(status, answer).body)
         return FakeResponse(status, json.dumps(answer).encode())
+
+
+class Clock:
+    """The reconciler's clock, moved by hand: monotonic seconds and the ISO times conditions carry."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def iso(self) -> str:
+        return f"2026-01-01T00:{int(self.now) // 60 % 60:02d}:{int(self.now) % 60:02d}Z"

@@ -9,10 +9,8 @@ reconciler's clock the `clock` fixture's; the real Kube's Event query against Fa
 from __future__ import annotations
 
 import logging
-import types
 
 import pytest
-from flashserve.controller import reconciler as reconciler_mod
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import Observed, PodView, pods_missing
 from flashserve.controller.plan import GroupState
@@ -27,28 +25,6 @@ from tests.fakes import FakeApiClient, FakeKube, api_error, conditions, controll
 PSA = ('violates PodSecurity "baseline:latest": non-default capabilities (container "engine" must not include '
        '"IPC_LOCK" in securityContext.capabilities.add)')  # fmt: skip
 SPEC = {"replicas": 2, "engine": {"ipcLock": True}}
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def iso(self) -> str:
-        return f"2026-01-01T00:{int(self.now) // 60 % 60:02d}:{int(self.now) % 60:02d}Z"
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(reconciler_mod, "time", types.SimpleNamespace(monotonic=c.monotonic))
-    monkeypatch.setattr(reconciler_mod, "now_iso", c.iso)
-    return c
 
 
 def event_reads(kube: FakeKube) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import types
 
 import pytest
 import urllib3
@@ -26,31 +25,9 @@ from flashserve.render.renderer import render_serving
 from kubernetes.client.rest import ApiException
 
 from tests.builders import NS, body
-from tests.fakes import SERVING_KIND, FakeApiClient, FakeKube, api_error, conditions, controller, install, reconcile
+from tests.fakes import SERVING_KIND, Clock, FakeApiClient, FakeKube, api_error, conditions, controller, install, reconcile
 
 LOG = logging.getLogger("test")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def iso(self) -> str:
-        return f"2026-01-01T00:{int(self.now) // 60 % 60:02d}:{int(self.now) % 60:02d}Z"
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(reconciler_mod, "time", types.SimpleNamespace(monotonic=c.monotonic))
-    monkeypatch.setattr(reconciler_mod, "now_iso", c.iso)
-    return c
 
 
 def children(b: dict) -> dict[tuple[str, str], dict]:

@@ -100,83 +100,71 @@ class API:
             raise RequestError(400, "the mock engine supports n=1 only", param="n")
         return body
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, answer, scale_out: bool = False) -> web.StreamResponse:
+        """The steps every API route shares: readiness, (for the render routes) vLLM's scale-out switch, the
+        JSON body and the model name, then `answer(body, model)`; a RequestError becomes vLLM's error body."""
         if not self.m.ready or not self.m.engines:
             return _not_ready()
+        if scale_out and not self.m.args.enable_scale_out:
+            return _error(403, render.SCALE_OUT_DISABLED, "PermissionDeniedError")
         try:
             body = await self._body(request)
-            model = self.m.check_model(body.get("model"))
-            try:
-                text = tok.render_chat(body.get("messages"), body.get("tools"))
-            except ValueError as e:
-                raise RequestError(400, str(e), param="messages") from None
-            return await self._serve(request, body, model, text, None, chat=True)
+            return await answer(body, self.m.check_model(body.get("model")))
         except RequestError as e:
             return _error(e.status, e.message, e.kind, e.param)
+
+    @staticmethod
+    def _chat_text(body: dict) -> str:
+        try:
+            return tok.render_chat(body.get("messages"), body.get("tools"))
+        except ValueError as e:
+            raise RequestError(400, str(e), param="messages") from None
+
+    @staticmethod
+    def _one_prompt(body: dict) -> tuple[str | None, list[int] | None]:
+        """A completion's prompt as (text, None) or (None, token ids): one prompt, as the mock serves."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            return prompt, None
+        if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
+            return None, list(prompt)
+        raise RequestError(400, "prompt must be a non-empty string or token id list (one prompt)", param="prompt")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        async def answer(body, model):
+            return await self._serve(request, body, model, self._chat_text(body), None, chat=True)
+
+        return await self._handle(request, answer)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        if not self.m.ready or not self.m.engines:
-            return _not_ready()
-        try:
-            body = await self._body(request)
-            model = self.m.check_model(body.get("model"))
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]
-            if isinstance(prompt, str) and prompt:
-                return await self._serve(request, body, model, prompt, None, chat=False)
-            if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
-                return await self._serve(request, body, model, None, prompt, chat=False)
-            raise RequestError(400, "prompt must be a non-empty string or token id list (one prompt)", param="prompt")
-        except RequestError as e:
-            return _error(e.status, e.message, e.kind, e.param)
+        async def answer(body, model):
+            text, ids = self._one_prompt(body)
+            return await self._serve(request, body, model, text, ids, chat=False)
+
+        return await self._handle(request, answer)
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        if not self.m.ready or not self.m.engines:
-            return _not_ready()
-        try:
-            body = await self._body(request)
-            model = self.m.check_model(body.get("model"))
+        async def answer(body, model):
             return web.json_response(render.tokenize(body, model, self.m.cfg.max_model_len))
-        except RequestError as e:
-            return _error(e.status, e.message, e.kind, e.param)
+
+        return await self._handle(request, answer)
 
     async def render_chat(self, request: web.Request) -> web.Response:
-        if not self.m.ready or not self.m.engines:
-            return _not_ready()
-        if not self.m.args.enable_scale_out:
-            return _error(403, render.SCALE_OUT_DISABLED, "PermissionDeniedError")
-        try:
-            body = await self._body(request)
-            model = self.m.check_model(body.get("model"))
-            text = render.chat_text(body)
-            max_tokens = self._max_tokens(body, tok.count_tokens(text), None)
+        async def answer(body, model):
+            max_tokens = self._max_tokens(body, tok.count_tokens(render.chat_text(body)), None)
             return web.json_response(render.render_chat(body, model, max_tokens))
-        except RequestError as e:
-            return _error(e.status, e.message, e.kind, e.param)
+
+        return await self._handle(request, answer, scale_out=True)
 
     async def render_completion(self, request: web.Request) -> web.Response:
-        if not self.m.ready or not self.m.engines:
-            return _not_ready()
-        if not self.m.args.enable_scale_out:
-            return _error(403, render.SCALE_OUT_DISABLED, "PermissionDeniedError")
-        try:
-            body = await self._body(request)
-            model = self.m.check_model(body.get("model"))
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]
-            if isinstance(prompt, str) and prompt:
-                ids = tok.prompt_token_ids(prompt)
-            elif isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
-                ids = list(prompt)
-            else:
-                raise RequestError(400, "prompt must be a non-empty string or token id list (one prompt)",
-                                   param="prompt")
-            max_tokens = self._max_tokens(body, len(ids), 16)
-            return web.json_response(render.render_completion(body, model, max_tokens, ids))
-        except RequestError as e:
-            return _error(e.status, e.message, e.kind, e.param)
+        async def answer(body, model):
+            text, ids = self._one_prompt(body)
+            ids = tok.prompt_token_ids(text) if text is not None else ids
+            return web.json_response(render.render_completion(body, model, self._max_tokens(body, len(ids), 16), ids))
+
+        return await self._handle(request, answer, scale_out=True)
 
     def _max_tokens(self, body: dict, prompt_tokens: int, default_max: int | None) -> int:
         """get_max_tokens: the request's limit (checked against the context as a completion is), else the room
