@@ -38,6 +38,12 @@ SERVING_LABEL = "flashserve.io/serving"
 GROUP_LABEL = "flashserve.io/group"
 GROUP_NAME_LABEL = "flashserve.io/group-name"  # the group's StatefulSet name
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+# Whether an engine pod takes new requests. The router's selector and the plain Service's require `serve`; the
+# operator sets `drain` on a group it is about to remove or replace, so traffic leaves before the pods do.
+ROUTING_LABEL = "flashserve.io/routing"
+ROUTING_SERVE = "serve"
+ROUTING_DRAIN = "drain"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "flashserve-operator"
 
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
