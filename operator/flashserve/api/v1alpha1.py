@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
+from flashserve.api import kubevalues
 from flashserve.api.kubevalues import LabelValue, QualifiedName, SecretKey, TolerationKey
 from flashserve.api.quantity import QUANTITY_JSON_SCHEMA
 from flashserve.facts import engine_choices as choices
@@ -144,7 +145,7 @@ class ResourcesSpec(_Model):
 
 
 class EngineSpec(_Model):
-    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=r"^[^\s]+$")
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=kubevalues.IMAGE)
     """vLLM OpenAI server image (vLLM 0.33). Pin a digest in production."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     max_model_len: MaxModelLen = 131072
