@@ -183,7 +183,7 @@ def test_rbac_is_least_privilege_everywhere(render):
             for rule in doc["rules"]:
                 text = json.dumps(rule)
                 assert "*" not in text, f"wildcard in {doc['kind']} {doc['metadata']['name']}: {rule}"
-                assert "secrets" not in rule["resources"], f"{doc['metadata']['name']} touches Secrets"
+                assert "secrets" not in rule.get("resources", []), f"{doc['metadata']['name']} touches Secrets"
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
@@ -338,6 +338,7 @@ def test_image_digest_and_names(render):
     (["--set", "operator.prometheusAllow={has space}"], "/operator/prometheusAllow/0"),
     (["--set", "operator.leaderElection.enabled=false"], "replicaCount > 1 needs operator.leaderElection.enabled"),
     (["--set", "monitoring.enabled=true", "--set", "metrics.service.enabled=false"], "needs metrics.service.enabled"),
+    (["--set", "metrics.auth=mtls"], "/metrics/auth"),
 ])  # fmt: skip
 def test_bad_values_are_refused(render, args, message):
     proc = render(*args, check=False)
@@ -579,3 +580,22 @@ def test_dockerfile_shape():
     assert "COPY --from=mock-env /opt/flashserve" in text.split("AS mock-engine")[1].split("AS operator")[0]
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ignore[ignore.index("*") + 1:][:4] == ["!pyproject.toml", "!README.md", "!operator/", "!testbed/"]
+
+
+def test_authenticated_metrics(render):
+    """metrics.auth=token: the operator checks scrapers' tokens (and may create the reviews that needs), the
+    chart offers the reader role, and its ServiceMonitor scrapes with Prometheus's token."""
+    docs = render(*COMBOS["metrics-auth"]).docs
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert "--metrics-auth=token" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    reviews = {r for role in roles.values() for rule in role["rules"] for r in rule.get("resources", [])}
+    assert {"tokenreviews", "subjectaccessreviews"} <= reviews
+    reader = next(r for n, r in roles.items() if n.endswith("-metrics-reader"))
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["bearerTokenFile"].endswith("serviceaccount/token")
+    plain = render().docs
+    assert not any(d["metadata"]["name"].endswith("-metrics-reader") for d in plain)
+    assert "--metrics-auth=token" not in next(d for d in plain if d["kind"] == "Deployment")["spec"]["template"][
+        "spec"]["containers"][0]["args"]

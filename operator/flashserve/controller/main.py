@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="liveness endpoint URL to serve (empty to disable)")  # fmt: skip
     p.add_argument("--metrics-address", default=env("FLASHSERVE_METRICS_ADDRESS", "127.0.0.1:8082"),
                    help="host:port of the operator's own Prometheus metrics (empty to disable)")  # fmt: skip
+    p.add_argument("--metrics-auth", choices=("none", "token"), default=env("FLASHSERVE_METRICS_AUTH", "none"),
+                   help="token: a scrape must carry a bearer token that a TokenReview accepts and that may `get` "
+                        "the non-resource URL /metrics (SubjectAccessReview)")  # fmt: skip
+    p.add_argument("--metrics-cert-file", default=env("FLASHSERVE_METRICS_CERT_FILE"),
+                   help="serve metrics over TLS with this certificate (PEM); with --metrics-key-file")
+    p.add_argument("--metrics-key-file", default=env("FLASHSERVE_METRICS_KEY_FILE"))
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
                    help="hold a Lease so only one replica acts (default on)")  # fmt: skip
     p.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "default"))
@@ -118,8 +124,14 @@ async def _run(args: argparse.Namespace) -> int:
     if args.metrics_address:
         from flashserve.controller.metrics import serve_metrics
 
+        gate = None
+        if args.metrics_auth == "token":
+            from flashserve.controller.metrics_auth import Gate, KubeReviewer
+
+            gate = Gate(KubeReviewer(_api_client(args.kubeconfig)))
         host, _, port = args.metrics_address.rpartition(":")
-        serve_metrics(host or "127.0.0.1", int(port), controller)
+        serve_metrics(host or "127.0.0.1", int(port), controller, gate=gate, certfile=args.metrics_cert_file,
+                      keyfile=args.metrics_key_file)
 
     @kopf.on.startup()
     def configure(settings: kopf.OperatorSettings, **_: object) -> None:
