@@ -7,9 +7,8 @@ import urllib.error
 import urllib.request
 import uuid
 
-from prometheus_client import CollectorRegistry, Counter
-
 from flashserve.controller.metrics_auth import Gate, KubeReviewer, serve
+from prometheus_client import CollectorRegistry, Counter
 
 
 def _get(url: str, token: str | None) -> int:

@@ -6,9 +6,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
-
 from flashserve.controller.metrics_auth import Gate, serve
+from prometheus_client import CollectorRegistry, Counter
 
 
 class FakeReviewer:

@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
 from flashserve.api import kubevalues
+from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
 from flashserve.api.kubevalues import LabelValue, QualifiedName, SecretKey, TolerationKey
 from flashserve.api.quantity import QUANTITY_JSON_SCHEMA
 from flashserve.facts import engine_choices as choices

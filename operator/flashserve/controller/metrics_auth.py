@@ -13,9 +13,10 @@ import hashlib
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import Callable, Protocol
+from typing import Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -132,7 +133,7 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - the stdlib's signature
+    def log_message(self, format, *args):
         pass
 
 

@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flashserve.api.v1alpha1 import DeepSeekServing
-from flashserve.clock import now_iso
+from flashserve.clock import iso_ago, now_iso
 from flashserve.api.validation import SpecError, parse_spec
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import (
@@ -63,6 +63,11 @@ RECENT_WRITE_S = 10.0
 # PODS_GRACE_S while the shortage lasts, or every REFUSAL_RECHECK_S while it has no such Event.
 PODS_GRACE_S = 5.0
 REFUSAL_RECHECK_S = 10.0
+# Events live about an hour, so a FailedCreate of an earlier shortage can still be listed during a later one
+# with another cause. Only Events seen since the shortage began count, less the longest a controller's retry
+# backoff waits (client-go's default rate limiter: 1000 s): a refusal that goes on is recorded again within
+# it, also when the operator (re)started in the middle of a shortage.
+EVENT_BACKOFF_MAX_S = 1000.0
 
 
 # Planning renders templates: seconds of CPU for a serving at the group ceiling when its spec changes. It runs
@@ -221,8 +226,10 @@ class Controller:
             last = read.get(sts)
             if last is None or now - last[1] >= (REFUSAL_RECHECK_S if last[0] is None else PODS_GRACE_S):
                 uid = (mine.statefulsets[sts].get("metadata") or {}).get("uid")
+                not_before = iso_ago(now - t + EVENT_BACKOFF_MAX_S)
                 try:
-                    message = await asyncio.to_thread(self.kube.failed_create_message, namespace, sts, uid)
+                    message = await asyncio.to_thread(self.kube.failed_create_message, namespace, sts, uid,
+                                                      not_before)  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - not knowing why is no reason to fail the reconcile
                     log.warning("%s/%s: reading the events of StatefulSet/%s failed: %s", namespace, name, sts,
                                 _api_message(exc))  # fmt: skip
