@@ -37,13 +37,19 @@ NAMESPACED_ACCESS = {
     ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create", "list"},
     ("resource.nvidia.com", "computedomains"): {"get", "create", "patch", "delete"},
 }
 # Kinds the reconciler deletes (plan.py: groups beyond replicas, pods of a group in a rollout, a NetworkPolicy
 # turned off, children under the names of an earlier version).
-DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy", "PodDisruptionBudget"}
+DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy", "PodDisruptionBudget",
+                 "Deployment", "ServiceAccount", "Role", "RoleBinding", "InferencePool"}  # fmt: skip
 
 
 # A serving that makes the renderer produce every kind it can: multi-node groups with a ComputeDomain, and
@@ -52,7 +58,8 @@ _FULL_SERVING = {
     "apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
     "metadata": {"name": "flash", "namespace": "team-a", "uid": "0b9f7d3e-5c1a-4e8b-9d2f-6a4c3b2e1f00"},
     "spec": {"parallelism": {"nodesPerReplica": 2}, "networkPolicy": {"enabled": True},
-             "placement": {"accelerator": "GB200", "computeDomain": {"enabled": True}}},
+             "placement": {"accelerator": "GB200", "computeDomain": {"enabled": True}},
+             "routing": {"inferencePool": {"enabled": True}}},
 }  # fmt: skip
 
 
@@ -149,6 +156,17 @@ def test_namespaced_rules_match_what_the_code_does(render):
         # OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion needs update on the owner's finalizers.
         need("flashserve.io", "deepseekservings/finalizers", "update")
     assert ("resource.nvidia.com/v1beta1", "ComputeDomain") in applied and ("networking.k8s.io/v1", "NetworkPolicy") in applied
+    assert {("apps/v1", "Deployment"), ("rbac.authorization.k8s.io/v1", "Role"),
+            ("inference.networking.k8s.io/v1", "InferencePool")} <= applied  # fmt: skip
+    # A Role may grant only verbs its maker holds (the API server's escalation check): the router's Roles
+    # grant nothing the operator lacks.
+    for granted in (o for o in children if o["kind"] == "Role"):
+        for rule in granted["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    need(group, resource, *rule["verbs"])
+    # The drain (issue 18): a group leaves routing when its pods' flashserve.io/routing label becomes `drain`.
+    need("", "pods", "patch")
     for (api_version, kind), path in kube._PATHS.items():
         group = api_version.rpartition("/")[0]
         resource = path.split("/")[-2]
@@ -225,6 +243,12 @@ def test_finalizers_subresource_in_every_variant(render):
 def test_compute_domains_can_be_left_out(render):
     role = _rules(render("--set", "rbac.computeDomains=false").find("ClusterRole", OP))
     assert ("resource.nvidia.com", "computedomains") not in role
+
+
+def test_inference_pools_can_be_left_out(render):
+    role = _rules(render("--set", "rbac.inferencePools=false").find("ClusterRole", OP))
+    assert ("inference.networking.k8s.io", "inferencepools") not in role
+    assert ("apps", "deployments") in role, "the router's access does not depend on it"
 
 
 def test_user_roles_aggregate(render):
