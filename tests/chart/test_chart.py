@@ -245,12 +245,6 @@ def test_compute_domains_can_be_left_out(render):
     assert ("resource.nvidia.com", "computedomains") not in role
 
 
-def test_inference_pools_can_be_left_out(render):
-    role = _rules(render("--set", "rbac.inferencePools=false").find("ClusterRole", OP))
-    assert ("inference.networking.k8s.io", "inferencepools") not in role
-    assert ("apps", "deployments") in role, "the router's access does not depend on it"
-
-
 def test_user_roles_aggregate(render):
     r = render()
     view = r.find("ClusterRole", f"{RELEASE}-deepseekservings-view")
@@ -587,7 +581,7 @@ def test_dockerfile_shape():
     text = (ROOT / "Dockerfile").read_text()
     froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
     assert [name for _, name in froms] == ["builder", "mock-builder", "product-env", "mock-env", "runtime",
-                                           "mock-engine", "operator"]
+                                           "router-builder", "router", "mock-engine", "operator"]
     base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", text, re.M).group(1)
     assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), "pin an exact slim tag"
     final = text[text.index("AS runtime"):]
@@ -601,5 +595,15 @@ def test_dockerfile_shape():
     product_env = text.split("AS product-env")[1].split("\nFROM ")[0]
     assert "testbed" not in text.split("AS builder")[1].split("AS mock-builder")[0] + product_env
     assert "COPY --from=mock-env /opt/flashserve" in text.split("AS mock-engine")[1].split("AS operator")[0]
+    # The router image: the vllm-router wheel the facts name, on the runtime stage (non-root), nothing else.
+    from flashserve.facts.router import VLLM_ROUTER_VERSION
+
+    router_builder = text.split("AS router-builder")[1].split("\nFROM ")[0]
+    assert f"ARG VLLM_ROUTER_VERSION={VLLM_ROUTER_VERSION}" in router_builder
+    assert '"vllm-router==${VLLM_ROUTER_VERSION}"' in router_builder and "--only-binary=:all:" in router_builder
+    router_stage = text.split("AS router\n")[1].split("\nFROM ")[0]
+    assert text.split("AS router\n")[0].rstrip().endswith("FROM runtime"), "the router runs as the runtime's user"
+    assert "COPY --from=router-builder /opt/vllm-router /opt/vllm-router" in router_stage
+    assert 'ENTRYPOINT ["vllm-router"]' in router_stage and "/opt/flashserve" not in router_stage, "nothing of the operator"
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ignore[ignore.index("*") + 1:][:4] == ["!pyproject.toml", "!README.md", "!operator/", "!testbed/"]

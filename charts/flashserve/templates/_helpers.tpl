@@ -125,12 +125,11 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
   # kopf posts core/v1 Events about servings; a StatefulSet's FailedCreate Events are listed (only while it
   # lacks pods) to say why the API server refuses its pods
   verbs: ["create", "list"]
-{{- if .Values.rbac.inferencePools }}
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
-  # Gateway API Inference Extension pools (spec.routing.inferencePool), watched when the CRD is installed
+  # Gateway API Inference Extension pools (spec.routing.inferencePool), watched once the CRD is installed.
+  # Not optional: kopf would wait forever for a watch of an installed CRD that it may not list.
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-{{- end }}
 {{- if .Values.rbac.computeDomains }}
 - apiGroups: ["resource.nvidia.com"]
   resources: ["computedomains"]
