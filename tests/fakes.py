@@ -28,7 +28,8 @@ from kubernetes.client.rest import ApiException
 from tests.builders import NS
 
 WATCHED = {"StatefulSet": "statefulsets", "Service": "services", "PodDisruptionBudget": "pdbs",
-           "NetworkPolicy": "netpols"}  # fmt: skip
+           "NetworkPolicy": "netpols", "Deployment": "deployments", "ServiceAccount": "serviceaccounts",
+           "Role": "roles", "RoleBinding": "rolebindings", "InferencePool": "inferencepools"}  # fmt: skip
 SERVING_KIND = "DeepSeekServing"  # the kind `errors` keys a status patch under
 
 

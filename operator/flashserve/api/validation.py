@@ -229,6 +229,23 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
             errs.append(
                 FieldError(f"spec.engine.env[{i}].valueFrom", "set exactly one of secretKeyRef or configMapKeyRef")
             )
+    routing = spec.routing
+    if routing.port == routing.metrics_port:
+        errs.append(
+            FieldError(
+                "spec.routing.metricsPort",
+                f"the router's metrics port must differ from its API port ({routing.port}): change one of them",
+            )
+        )
+    picker = routing.inference_pool.endpoint_picker_ref
+    if picker is not None and picker.kind == "Service" and picker.port is None:
+        errs.append(
+            FieldError(
+                "spec.routing.inferencePool.endpointPickerRef.port",
+                "an endpoint picker that is a Service needs its port: set port.number (the Service port, "
+                "e.g. 9002)",
+            )
+        )
     if auto.min_replicas > auto.max_replicas:
         errs.append(
             FieldError(

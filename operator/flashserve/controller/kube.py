@@ -25,6 +25,11 @@ _PATHS = {
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}",
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains/{name}",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts/{name}",
+    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools/{name}",
 }  # fmt: skip
 _KIND_VERSION = {kind: api for api, kind in _PATHS}
 EVENTS_PATH = "/api/v1/namespaces/{ns}/events"

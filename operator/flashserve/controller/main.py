@@ -20,6 +20,7 @@ from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
 from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.reconciler import Controller
+from flashserve.render.renderer import OPERATOR_NAMESPACE
 
 log = logging.getLogger("flashserve")
 
@@ -68,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
                    help="hold a Lease so only one replica acts (default on)")  # fmt: skip
     p.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "default"))
+    p.add_argument("--operator-namespace", default=env("POD_NAMESPACE", OPERATOR_NAMESPACE),
+                   help="namespace of the operator's pods, which the engines' NetworkPolicy lets reach their API "
+                   f"port (/metrics, read while draining); default $POD_NAMESPACE, else {OPERATOR_NAMESPACE}")  # fmt: skip
     p.add_argument("--lease-name", default="flashserve-operator")
     p.add_argument("--watch-timeout", type=int, default=int(env("FLASHSERVE_WATCH_TIMEOUT", "300")),
                    help="server-side watch timeout in seconds; the client gives up 30 s later")  # fmt: skip
@@ -117,7 +121,8 @@ async def _run(args: argparse.Namespace) -> int:
             if standby is not None:
                 await standby.cleanup()
 
-    controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url)
+    controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url,
+                            operator_namespace=args.operator_namespace)  # fmt: skip
     allow = PrometheusAllowList(operator_url=args.prometheus_url, entries=parse_entries(args.prometheus_allow),
                                 own_namespace=args.prometheus_allow_own_namespace)  # fmt: skip
     controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url, allow=allow)

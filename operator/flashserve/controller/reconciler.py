@@ -47,7 +47,7 @@ from flashserve.render.naming import (
     SERVING_LABEL,
     serving_label_value,
 )
-from flashserve.render.renderer import endpoint, selector_string
+from flashserve.render.renderer import OPERATOR_NAMESPACE, endpoint, selector_string
 
 API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 
@@ -80,9 +80,9 @@ _planner = concurrent.futures.ThreadPoolExecutor(max_workers=PLAN_THREADS, threa
 log = logging.getLogger(__name__)
 
 
-def _planned(obj: DeepSeekServing, mine: Observed) -> tuple[Plan, list[str]]:
+def _planned(obj: DeepSeekServing, mine: Observed, operator_namespace: str = OPERATOR_NAMESPACE) -> tuple[Plan, list[str]]:
     """The plan and the digest of each object it applies (hashing thousands of objects is work too)."""
-    p = plan(obj, mine)
+    p = plan(obj, mine, operator_namespace=operator_namespace)
     return p, [_digest(o) for o in p.apply]
 
 
@@ -136,6 +136,7 @@ class Controller:
     prometheus_url: str | None = None
     stats: Stats = field(default_factory=Stats)
     autoscaler: object | None = None  # flashserve.controller.autoscale.Autoscaler, when enabled
+    operator_namespace: str = OPERATOR_NAMESPACE  # where the operator runs: its pods may reach the engines
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
@@ -278,7 +279,7 @@ class Controller:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
         loop = asyncio.get_running_loop()
-        p, digests = await loop.run_in_executor(_planner, _planned, obj, mine)
+        p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace)
         self._skip_repeats(namespace, p, digests)
         outcome = Outcome()
         if p.writes:
@@ -321,9 +322,7 @@ class Controller:
         if not uid:
             return None
         kind, name = obj["kind"], obj["metadata"]["name"]
-        table = {"StatefulSet": observed.statefulsets, "Service": observed.services,
-                 "PodDisruptionBudget": observed.pdbs, "NetworkPolicy": observed.netpols}  # fmt: skip
-        live = table.get(kind, {}).get(name)
+        live = observed.by_kind().get(kind, {}).get(name)
         if live is None:
             live = self.kube.get(namespace, kind, name)  # not among ours: is the name taken by another object?
         if live is None:
