@@ -10,6 +10,7 @@ import importlib.util
 import json
 
 import pytest
+import yaml
 from flashserve.api import v1alpha1 as api
 from flashserve.api.validation import parse_serving
 from flashserve.facts.cache_env import CACHE_ENV_NAMES, CACHE_ENVS, DEEP_GEMM_WARMUP_ENV
@@ -19,8 +20,6 @@ from flashserve.render.vllm_args import KERNEL_CACHE_MOUNT, loader_extra_config
 from tests.contract.conftest import HARNESS, check_engines, run_in_vllm
 from tests.contract.corpus import SAMPLES
 from tests.contract.pods import engine_pods
-
-import yaml
 
 # Readers the harness runs, by the variable they read; the other variables' packages are not in the venv.
 CHECKED_BY_READER = {"VLLM_CACHE_ROOT": "vllm", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "vllm", "TRITON_CACHE_DIR": "triton"}
@@ -59,7 +58,8 @@ def checked(vllm_python):
     cases, meta = [], {}
     for name, cr in crs.items():
         serving = parse_serving(cr)
-        for pod in {p["pod"]: p for p in (lambda ps: (ps[0], ps[-1]))(engine_pods(cr))}.values():
+        pods = engine_pods(cr)
+        for pod in {p["pod"]: p for p in (pods[0], pods[-1])}.values():  # pod 0 and pod k: different ranks
             cid = f"{name}/pod-{pod['pod']}"
             cases.append({"id": cid, "argv": pod["argv"], "env": pod["env"], "accelerator": pod["accelerator"],
                           "mount": KERNEL_CACHE_MOUNT})  # fmt: skip

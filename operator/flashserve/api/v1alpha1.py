@@ -381,8 +381,9 @@ class RunaiStreamerSpec(_Model):
 class LoaderSpec(_Model):
     format: Literal[choices.LOAD_FORMAT_CHOICES] = "auto"  # type: ignore[valid-type]
     """vLLM's `--load-format`: `auto` (safetensors through vLLM's default loader), `safetensors`,
-    `fastsafetensors` or `instanttensor` (GPU-direct reads; the package must be in the engine image) or
-    `runai_streamer` (concurrent streaming from a file system or object store; in the vllm-openai image)."""
+    `fastsafetensors` or `instanttensor` (GPU-direct reads) or `runai_streamer` (concurrent streaming from a
+    file system or object store); the last three need their package in the engine image (vLLM's extras
+    `vllm[fastsafetensors]`, `vllm[instanttensor]`, `vllm[runai]`)."""
     threads: int | None = Field(None, ge=1, le=256)
     """Read the safetensors files with this many threads (vLLM's multi-threaded loader); `auto` and
     `safetensors` only. Unset: one thread, memory-mapped."""
@@ -412,7 +413,8 @@ class ImagePrepullSpec(_Model):
     engine image onto every node before a replica is placed there, so a scale-out skips the pull (tens of GB
     for vllm-openai). It runs the image's `true` once, then a pause container; no GPU is requested."""
     pause_image: str = Field("registry.k8s.io/pause:3.10", min_length=1, max_length=512, pattern=kubevalues.IMAGE)
-    """The image that keeps the pre-pull pod running once the engine image is on the node."""
+    """The image of the container that keeps a pre-pull pod (and a node-local prefetch pod) running once its
+    work on the node is done."""
 
 
 class StartupSpec(_Model):

@@ -13,7 +13,17 @@ import hashlib
 import json
 
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
-from flashserve.render.naming import COMPONENT_LABEL, DNS_LABEL_MAX, MANAGED_BY, SERVING_LABEL, _hashed, serving_label_value
+
+# _hashed: the start-up children's names follow naming.py's scheme (readable prefix, name hash, suffix), so they
+# are injective in the serving's name like every other child's.
+from flashserve.render.naming import (
+    COMPONENT_LABEL,
+    DNS_LABEL_MAX,
+    MANAGED_BY,
+    SERVING_LABEL,
+    _hashed,
+    serving_label_value,
+)
 from flashserve.render.placement import node_affinity, node_selector, tolerations
 from flashserve.render.vllm_args import HF_HOME, KERNEL_CACHE_MOUNT
 

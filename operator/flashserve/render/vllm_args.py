@@ -8,9 +8,8 @@ index; user-supplied values reach that script only as separate arguments, never 
 
 from __future__ import annotations
 
-import json
-
 import hashlib
+import json
 
 from flashserve.api.v1alpha1 import DeepSeekServingSpec
 from flashserve.facts.accelerators import accelerator

@@ -94,7 +94,9 @@ def _check_case(case: dict) -> dict:
         read[name] = {"registered": name in envs.environment_variables, "value": getattr(envs, name)}
     if env.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"):
         # Without the variable the root needs flashinfer (absent here) for its version and arch directories.
-        from vllm.model_executor.warmup.flashinfer_autotune_cache import flashinfer_autotune_root
+        from vllm.model_executor.warmup.flashinfer_autotune_cache import (
+            flashinfer_autotune_root,
+        )
 
         read["flashinfer_autotune_root"] = str(flashinfer_autotune_root())
     if out["installed"]["triton"]:
@@ -112,7 +114,7 @@ def _check_case(case: dict) -> dict:
 
     src = inspect.getsource(vllm_deep_gemm)
     derives = re.search(r'DEEP_GEMM_JIT_CACHE_ENV_NAME = "DG_JIT_CACHE_DIR".*?os\.environ\[DEEP_GEMM_JIT_CACHE_ENV_NAME\]'
-                        r'\s*=\s*os\.path\.join\(\s*envs\.VLLM_CACHE_ROOT,\s*"deep_gemm"', src, re.S)
+                        r'\s*=\s*os\.path\.join\(\s*envs\.VLLM_CACHE_ROOT,\s*"deep_gemm"', src, re.DOTALL)
     # vLLM sets DG_JIT_CACHE_DIR to $VLLM_CACHE_ROOT/deep_gemm only when it is unset: the pod's value stands.
     out["derived"] = {"DG_JIT_CACHE_DIR": derives is not None and "if not os.environ.get(DEEP_GEMM_JIT_CACHE_ENV_NAME" in src}
     return out
