@@ -197,6 +197,8 @@ _MUTATIONS: dict[str, list] = {
     "autoscaling.metricsWindowSeconds": [10, 9, 1800, 1801],
     "networkPolicy.allowedNamespaces": [["gw"], ["Bad_NS"], ["a"] * 65],
     "rollout.maxUnavailable": [1, 0, 256, 257],
+    "rollout.drainSeconds": [0, 3600, -1, 3601, "60"],
+    "rollout.surge": [False, "yes"],
     "unknownField": [1],
     "engine.unknownField": ["x"],
 }
