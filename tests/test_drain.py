@@ -19,14 +19,31 @@ from flashserve.controller.engine_metrics import EngineMetrics, requests_in_flig
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION, owned, pod_view
 from flashserve.controller.reconciler import DRAIN_POLL_S, RECENT_WRITE_S
-from flashserve.render.naming import ROUTING_DRAIN, ROUTING_LABEL, ROUTING_SERVE, group_name, serving_label_value
+from flashserve.render.naming import (
+    ROUTING_DRAIN,
+    ROUTING_LABEL,
+    ROUTING_SERVE,
+    group_name,
+    serving_label_value,
+)
 from kubernetes.client.rest import ApiException
 
 from tests.builders import NS, body
-from tests.fakes import FakeApiClient, FakeEngines, FakeKube, api_error, conditions, controller, reconcile
+from tests.fakes import (
+    FakeApiClient,
+    FakeEngines,
+    FakeKube,
+    api_error,
+    conditions,
+    controller,
+    reconcile,
+)
 
 LOG = logging.getLogger("test")
-G = lambda i: group_name("flash", i)  # noqa: E731
+
+
+def G(i: int) -> str:
+    return group_name("flash", i)
 
 
 def settled(spec: dict, clock, engines: FakeEngines | None = None) -> tuple:
@@ -277,7 +294,7 @@ def http_server():
         seen: list[str] = []
 
         class H(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 seen.append(self.path)
                 code, headers, data = routes.get(self.path, (404, {}, b""))
                 self.send_response(code)

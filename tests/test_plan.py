@@ -292,3 +292,13 @@ def test_a_group_1_on_the_old_template_is_no_surge():
     p = plan(new, at(observe(old), T0))
     assert p.surge is None and [(d.group, d.reason) for d in p.draining] == [(1, "ScaleDown")]
     assert not p.created_groups and not [n for n, _, _ in p.drain_pods if n.startswith(G(0))]
+
+
+def test_pods_without_the_routing_label_get_it_and_nothing_more():
+    """Pods an operator made before the label existed: labelled `serve` once, no drain called off."""
+    obj = serving({"replicas": 2})
+    observed = at(observe(obj), T0)
+    observed.pods = [dataclasses.replace(p, routing="") if p.group == 1 else p for p in observed.pods]
+    p = plan(obj, observed)
+    assert p.undrain_pods == [(n, f"uid-{n}") for n in pods_of(observed, 1)]
+    assert not p.drain_cancelled and p.writes == len(p.undrain_pods)

@@ -28,7 +28,7 @@ MAX_METRICS_BYTES = 8 * 1024 * 1024
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None  # urllib then raises HTTPError for the 3xx
 
 

@@ -431,10 +431,14 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
         if spec.network_policy.enabled:
             out.delete += [("NetworkPolicy", n) for n in sorted(observed.netpols) if n != network_policy_name(name)]
 
-    # Pods out of routing whose group no longer has to go: back into routing (a cancelled drain).
+    # Pods out of routing whose group no longer has to go: back into routing (a cancelled drain). Pods without
+    # the label (made by an operator version before it existed) get it too: the router and the Service select
+    # only labelled pods, and these still serve until their rollout replaces them.
     for sts_name, pods in sorted(gs.pods.items()):
-        back = [p for p in pods if p.routing == ROUTING_DRAIN and not p.terminating and p.name not in in_drain]
+        live = [p for p in pods if not p.terminating and p.name not in in_drain]
+        back = [p for p in live if p.routing == ROUTING_DRAIN]
         out.undrain_pods += [(p.name, p.uid) for p in back]
+        out.undrain_pods += [(p.name, p.uid) for p in live if not p.routing]
         for g in sorted({p.group for p in back}):
             if g not in out.drain_cancelled:
                 out.drain_cancelled.append(g)
