@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from flashserve.clock import iso_at, parse_iso
-from flashserve.controller.drain import DRAIN_SETTLE_S, drain_targets, engine_address
+from flashserve.controller.drain import DRAIN_SETTLE_S, drain_targets, engine_address, parse_networks
 from flashserve.controller.engine_metrics import EngineMetrics, requests_in_flight
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION, owned, pod_view
@@ -369,3 +369,28 @@ def test_a_refused_pod_patch_is_reported_and_the_group_is_not_deleted(events, cl
     clock.advance(600)
     status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
     assert ("StatefulSet", NS, G(1)) in kube.objects, "a group never taken out of routing is not removed"
+
+
+def test_engine_networks_bound_the_addresses_asked(events, clock):
+    """The local cluster runs the operator with --engine-networks 127.0.0.0/8: a pod IP outside is never asked
+    (its drain then ends by drainSeconds), so the operator sends nothing off the machine."""
+    from flashserve.controller.main import _parser
+
+    args = _parser().parse_args(["--engine-networks", "127.0.0.0/8, fd00::/8"])
+    assert [str(n) for n in args.engine_networks] == ["127.0.0.0/8", "fd00::/8"]
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--engine-networks", "10.0.0.0/33"])
+
+    engines = FakeEngines()
+    kube, c, status = settled({"replicas": 2}, clock, engines)
+    c.engine_networks = args.engine_networks
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    clock.advance(DRAIN_SETTLE_S)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert engines.asked == [], "FakeKube's pod IPs are in 10.64.0.0/16"
+    assert ("StatefulSet", NS, G(1)) in kube.objects and status["drainingGroups"][0].get("requestsInFlight") is None
+    ip = pods(kube)[f"{G(1)}-0"].ip
+    c.engine_networks = parse_networks("10.64.0.0/16")
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert [a for a, _ in engines.asked] == [ip]
+    assert ("StatefulSet", NS, G(1)) not in kube.objects, "asked, idle, gone"

@@ -27,6 +27,8 @@ from flashserve.render.naming import ROUTING_DRAIN
 # nothing against drains that wait minutes for long generations.
 DRAIN_SETTLE_S = 5.0
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 SCALE_DOWN = "ScaleDown"
 ROLLOUT = "Rollout"
 IDLE = "Idle"
@@ -101,12 +103,27 @@ def drain_step(index: int, reason: str, pods: list[PodView], spec: DeepSeekServi
     return DrainStep(ended_by is not None, label, drain, not marked)
 
 
-def drain_targets(observed: Observed) -> list[PodView]:
+def parse_networks(text: str) -> tuple[IPNetwork, ...]:
+    """Comma-separated CIDRs (the operator's --engine-networks); ValueError names the one that is not."""
+    out = []
+    for part in (t.strip() for t in text.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"--engine-networks: {part!r} is not a network (e.g. 10.64.0.0/10 or fd00::/8)") from None
+    return tuple(out)
+
+
+def drain_targets(observed: Observed, networks: tuple[IPNetwork, ...] = ()) -> list[PodView]:
     """The pods whose engines the operator asks for their load: live pods out of routing whose controller is a
     StatefulSet among the observed ones (the serving's own: `observed` is what observe.owned kept), with a pod
-    IP that is a unicast address. The address is only ever the pod's status.podIP (set by the cluster, not by
-    any user), and the port the rendered spec's: no field of a serving can point the operator elsewhere. A
-    hostNetwork pod (its IP is a node's) is never asked: the serving's StatefulSets never render one."""
+    IP that is a unicast address, inside one of `networks` when any are given (the operator's
+    --engine-networks: the local cluster's loopback pod range). The address is only ever the pod's status.podIP
+    (set by the cluster, not by any user), and the port the rendered spec's: no field of a serving can point the
+    operator elsewhere. A hostNetwork pod (its IP is a node's) is never asked: the serving's StatefulSets never
+    render one."""
     owners = {name: ((s.get("metadata") or {}).get("uid") or "") for name, s in observed.statefulsets.items()}
     out = []
     for p in observed.pods:
@@ -116,6 +133,8 @@ def drain_targets(observed: Observed) -> list[PodView]:
         if not owner or p.owner_uid != owner:
             continue
         if engine_address(p.ip) is None:
+            continue
+        if networks and not any(ipaddress.ip_address(p.ip) in n for n in networks):
             continue
         out.append(p)
     return out

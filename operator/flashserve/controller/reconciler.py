@@ -147,6 +147,7 @@ class Controller:
     stats: Stats = field(default_factory=Stats)
     autoscaler: object | None = None  # flashserve.controller.autoscale.Autoscaler, when enabled
     engines: object | None = None  # reads an engine's requests in flight: requests_in_flight(host, port)
+    engine_networks: tuple = ()  # pod IPs the operator may ask (drain.parse_networks); empty: any pod IP
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
@@ -217,7 +218,7 @@ class Controller:
 
     async def _probe(self, mine: Observed, port: int) -> dict[str, int | None]:
         """Requests in flight of each draining engine of the serving, asked concurrently off the event loop."""
-        targets = drain_targets(mine)
+        targets = drain_targets(mine, self.engine_networks)
         if not targets:
             return {}
         loop = asyncio.get_running_loop()
