@@ -394,3 +394,18 @@ def test_engine_networks_bound_the_addresses_asked(events, clock):
     reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
     assert [a for a, _ in engines.asked] == [ip]
     assert ("StatefulSet", NS, G(1)) not in kube.objects, "asked, idle, gone"
+
+
+def test_relabelling_a_pod_never_takes_it_from_its_statefulset():
+    """A StatefulSet releases pods its selector no longer matches: the routing label must stay out of it (and
+    out of every selector that owns pods), or a drain would orphan the group's pods."""
+    from flashserve.api.validation import parse_serving
+    from flashserve.render.renderer import render_serving
+
+    objs = render_serving(parse_serving(body("flash", {"replicas": 2, "parallelism": {"nodesPerReplica": 2}})))
+    stss = [o for o in objs if o["kind"] == "StatefulSet"]
+    assert len(stss) == 2
+    for sts in stss:
+        assert ROUTING_LABEL not in sts["spec"]["selector"]["matchLabels"]
+        assert not sts["spec"]["selector"].get("matchExpressions")
+    assert sts["spec"]["updateStrategy"]["type"] == "OnDelete", "nor does it rewrite the labels of its pods"
