@@ -51,7 +51,8 @@ class OperatorProcess:
     def start(self) -> "OperatorProcess":
         cmd = [sys.executable, "-m", "flashserve.cli", "run", "--kubeconfig", str(self.kubeconfig),
                "--namespace", self.namespace, "--lease-namespace", self.namespace, "--liveness", "",
-               "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--resync-seconds", str(self.resync), *self.extra]  # fmt: skip
+               "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--resync-seconds", str(self.resync),
+               "--engine-networks", "127.0.0.0/8", *self.extra]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 from flashserve.controller.observe import Observed, PodView, slim
+from flashserve.render.naming import ROUTING_SERVE
 from flashserve.render.renderer import render, render_serving, template_hash
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,10 +57,13 @@ def observe(obj, *, ready: bool = True, hash_override: dict[int, str] | None = N
             idx = int(o["metadata"]["labels"]["flashserve.io/group"])
             h = hash_override.get(idx, template_hash(obj.spec))
             live["metadata"]["annotations"]["flashserve.io/template-hash"] = h
+            live["metadata"]["uid"] = f"uid-{name}"
             out.statefulsets[name] = live
             for k in range(nodes):
                 pname = f"{name}-{k}"
-                out.pods.append(PodView(pname, idx, pod_hash.get(pname, h), ready, False, "Running", False, 0, "n"))
+                out.pods.append(PodView(pname, idx, pod_hash.get(pname, h), ready, False, "Running", False, 0, "n",
+                                        routing=ROUTING_SERVE, ip=f"10.64.{idx}.{k + 1}", uid=f"uid-{pname}",
+                                        owner_uid=f"uid-{name}"))  # fmt: skip
         elif kind in out.by_kind():
             out.by_kind()[kind][name] = live
     return out

@@ -61,6 +61,6 @@ def clock(monkeypatch):
     from tests.fakes import Clock
 
     c = Clock()
-    monkeypatch.setattr(reconciler_mod, "time", types.SimpleNamespace(monotonic=c.monotonic))
+    monkeypatch.setattr(reconciler_mod, "time", types.SimpleNamespace(monotonic=c.monotonic, time=c.time))
     monkeypatch.setattr(reconciler_mod, "now_iso", c.iso)
     return c

@@ -222,6 +222,8 @@ _MUTATIONS: dict[str, list] = {
     "routing.image": ["repo/router:1", "has space", ""],
     "routing.inferencePool.endpointPickerRef": [{"name": "e", "port": {"number": 9002}}, {"name": "e"},
                                                 {"name": "e", "port": {"number": 0}}, {"name": ""}],
+    "rollout.drainSeconds": [0, 3600, -1, 3601, "60"],
+    "rollout.surge": [False, "yes"],
     "unknownField": [1],
     "engine.unknownField": ["x"],
 }

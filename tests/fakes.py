@@ -19,9 +19,16 @@ from flashserve.clock import now_iso
 from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.promql import Queries
 from flashserve.controller.autoscale import Autoscaler
-from flashserve.controller.observe import Observed, PodView, slim
+from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION, Observed, PodView, slim
 from flashserve.controller.reconciler import Controller
-from flashserve.render.naming import GROUP_LABEL, SERVING_LABEL, legacy_serving_label_value, serving_label_value
+from flashserve.render.naming import (
+    GROUP_LABEL,
+    ROUTING_LABEL,
+    ROUTING_SERVE,
+    SERVING_LABEL,
+    legacy_serving_label_value,
+    serving_label_value,
+)
 from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
 from kubernetes.client.rest import ApiException
 
@@ -46,7 +53,7 @@ class FakeKube:
 
     Every call is recorded in `calls`, also the ones that fail. `errors[(verb, kind)]` is raised by every such
     call, or, when it is a list, by the next calls one each; before the call changes anything (verbs: apply,
-    get, delete, replicas, status, list; a status patch is of kind DeepSeekServing, an Event list of kind Event). They are errors as they reach the
+    get, delete, replicas, patch, status, list; a pod's routing patch is a patch of kind Pod, a status patch is of kind DeepSeekServing, an Event list of kind Event). They are errors as they reach the
     controller through the real Kube, which already turns a 404 or 409 on delete into success."""
 
     def __init__(self):
@@ -59,6 +66,10 @@ class FakeKube:
         self.events: list[dict] = []  # core/v1 Events, as other controllers record them
         self.errors: dict[tuple[str, str], BaseException | list[BaseException]] = {}
         self.requests = 0
+        # Pods are made from their StatefulSet at each look; what was patched onto one lives here until it is
+        # deleted (then the StatefulSet makes it again, with a new uid and its template's labels).
+        self.pod_meta: dict[str, dict] = {}  # pod -> {"labels": ..., "annotations": ...}
+        self.pod_generation: dict[str, int] = {}
 
     def _fail(self, verb: str, kind: str) -> None:
         exc = self.errors.get((verb, kind))
@@ -96,9 +107,35 @@ class FakeKube:
         self.requests += 1
         self.calls.append(("delete", kind, name))
         self._fail("delete", kind)
+        if kind == "Pod":
+            self.pod_meta.pop(name, None)
+            self.pod_generation[name] = self.pod_generation.get(name, 0) + 1
+            return
         obj = self.objects.get((kind, namespace, name))
         if obj is not None and (uid is None or obj["metadata"].get("uid") == uid):
             del self.objects[(kind, namespace, name)]
+
+    def pod_uid(self, name: str) -> str:
+        return f"uid-Pod-{name}-{self.pod_generation.get(name, 0)}"
+
+    def pod_ip(self, statefulset: str, k: int) -> str:
+        """A pod's IP: one per pod of each StatefulSet the fake has seen, in 10.64.0.0/16."""
+        order = sorted(n for kd, _, n in self.objects if kd == "StatefulSet")
+        i = order.index(statefulset) if statefulset in order else 0
+        return f"10.64.{i}.{k + 1}"
+
+    def patch_pod_routing(self, namespace: str, name: str, uid: str, routing: str, since: str | None) -> None:
+        self.requests += 1
+        self.calls.append(("pod-routing", name, routing))
+        self._fail("patch", "Pod")
+        if uid and uid != self.pod_uid(name):
+            return  # another pod of the same name: the uid precondition fails (409), which Kube takes as done
+        meta = self.pod_meta.setdefault(name, {"labels": {}, "annotations": {}})
+        meta["labels"][ROUTING_LABEL] = routing
+        if since is None:
+            meta["annotations"].pop(DRAIN_SINCE_ANNOTATION, None)
+        else:
+            meta["annotations"][DRAIN_SINCE_ANNOTATION] = since
 
     def patch_replicas(self, namespace: str, statefulset: str, replicas: int) -> None:
         self.requests += 1
@@ -163,17 +200,37 @@ class FakeKube:
             if kind == "StatefulSet":
                 h = (obj["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, "")
                 group = int(obj["metadata"]["labels"].get(GROUP_LABEL, "-1"))
+                template = ((obj["spec"].get("template") or {}).get("metadata") or {}).get("labels") or {}
                 for k in range(0 if name in self.refused else obj["spec"]["replicas"]):
-                    out.pods.append(PodView(f"{name}-{k}", group, h, name not in self.unready, False, "Running",
-                                            False, 0, "node"))  # fmt: skip
+                    pod = f"{name}-{k}"
+                    meta = self.pod_meta.get(pod, {"labels": {}, "annotations": {}})
+                    routing = meta["labels"].get(ROUTING_LABEL, template.get(ROUTING_LABEL, ROUTING_SERVE))
+                    out.pods.append(PodView(pod, group, h, name not in self.unready, False, "Running", False, 0,
+                                            "node", routing=routing,
+                                            drain_since=meta["annotations"].get(DRAIN_SINCE_ANNOTATION, ""),
+                                            ip=self.pod_ip(name, k), uid=self.pod_uid(pod),
+                                            owner_uid=obj["metadata"]["uid"]))  # fmt: skip
         return out
 
 
 # -- the controller wired to a FakeKube
 
 
-def controller(kube: FakeKube) -> Controller:
-    c = Controller(api=None)  # type: ignore[arg-type]
+class FakeEngines:
+    """Engines' requests in flight by pod IP (`default` for the others), and every (host, port) asked."""
+
+    def __init__(self, default: int | None = 0):
+        self.load: dict[str, int | None] = {}
+        self.default = default
+        self.asked: list[tuple[str, int]] = []
+
+    def requests_in_flight(self, host: str, port: int) -> int | None:
+        self.asked.append((host, port))
+        return self.load.get(host, self.default)
+
+
+def controller(kube: FakeKube, engines: FakeEngines | None = None) -> Controller:
+    c = Controller(api=None, engines=engines or FakeEngines())  # type: ignore[arg-type]
     c.kube = kube
     return c
 
@@ -310,6 +367,10 @@ class Clock:
 
     def monotonic(self) -> float:
         return self.now
+
+    def time(self) -> float:
+        """The wall clock: 2026-01-01T00:00:00Z plus `now` (iso() names the same moment, within the hour)."""
+        return 1_767_225_600.0 + self.now
 
     def iso(self) -> str:
         return f"2026-01-01T00:{int(self.now) // 60 % 60:02d}:{int(self.now) % 60:02d}Z"

@@ -189,7 +189,8 @@ def test_a_compute_domain_of_another_owner_is_not_deleted(events):
 
     kube = FakeKube()
     c = controller(kube)
-    spec = {"replicas": 1, "parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
+    spec = {"replicas": 1, "parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}},
+            "rollout": {"drainSeconds": 0}}  # the group is replaced at once: drains are tested in test_drain.py
     reconcile(c, kube, body("flash", spec))
     cd = ("ComputeDomain", NS, compute_domain_name("flash", 0))
     assert cd in kube.objects

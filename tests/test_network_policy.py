@@ -232,3 +232,24 @@ def test_eval_ports_and_expressions():
     assert not allowed([exists], C_OTHER_NS, A, 1)
     rules_add_up = [_policy("a", {}, [{"ports": [{"port": 1}]}]), _policy("a", {}, [{"ports": [{"port": 2}]}])]
     assert allowed(rules_add_up, C_OTHER_NS, A, 1) and allowed(rules_add_up, C_OTHER_NS, A, 2)
+
+
+def test_operator_reaches_engines_only_to_read_a_draining_group():
+    """The operator reads pod readiness from the API server and engine metrics for autoscaling from
+    Prometheus; the one connection it makes to an engine is the drain's (GET /metrics of a draining group,
+    docs/drain.md), so the engine policy must let the operator's namespace reach the API port. Guard that this
+    stays the only one: only reconciler.py names the engine port (for its probe), only engine_metrics.py opens
+    HTTP connections, and nothing names the data-parallel RPC port."""
+    from pathlib import Path
+
+    import flashserve.controller as controller
+
+    for path in Path(controller.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "rpc_port" not in text, f"{path.name} talks to engines' RPC port"
+        if path.name != "reconciler.py":
+            assert "engine.port" not in text, f"{path.name} talks to engines"
+        if path.name != "engine_metrics.py":
+            assert "urllib.request" not in text and "http.client" not in text, f"{path.name} opens connections"
+    probe = (Path(controller.__file__).parent / "reconciler.py").read_text()
+    assert probe.count("engine.port") == 1 and "self._probe(mine, spec.engine.port)" in probe

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from flashserve.api.validation import parse_serving
+from flashserve.clock import iso_at
+from flashserve.controller.drain import DRAIN_SETTLE_S
 from flashserve.controller.observe import Observed
 from flashserve.controller.plan import plan
-from flashserve.render.naming import group_name, router_name
+from flashserve.render.naming import ROUTING_DRAIN, group_name, router_name
 from flashserve.render.renderer import render_serving, template_hash
 
 from tests.builders import observe
+
+T0 = 1_767_225_600.0  # when the drains of these tests start
+
+
+def out_of_routing(observed: Observed, groups, since: float = T0, in_flight: int | None = 0) -> Observed:
+    """`observed` with the pods of `groups` taken out of routing at `since`, each reporting `in_flight`."""
+    for i, p in enumerate(observed.pods):
+        if p.group in groups:
+            observed.pods[i] = dataclasses.replace(p, routing=ROUTING_DRAIN, drain_since=iso_at(since))
+            observed.in_flight[p.name] = in_flight
+    return observed
+
+
+def at(observed: Observed, now: float) -> Observed:
+    observed.now = now
+    return observed
+
+
+def pods_of(observed: Observed, *groups: int) -> list[str]:
+    return sorted(p.name for p in observed.pods if p.group in groups)
 
 
 def G(i: int) -> str:
@@ -36,43 +60,126 @@ def test_empty_cluster_creates_every_group_and_shared_objects():
     assert p.created_groups == [0, 1] and not p.restored
 
 
-def test_scale_down_deletes_highest_groups_first_and_nothing_else():
+def test_scale_down_drains_the_groups_beyond_then_deletes_them_highest_first():
     big = serving({"replicas": 4})
     small = serving({"replicas": 1})
-    p = plan(small, observe(big))
+    observed = at(observe(big), T0)
+    p = plan(small, observed)
+    assert sorted(n for n, _, _ in p.drain_pods) == pods_of(observed, 1, 2, 3), "out of routing first"
+    assert {since for _, _, since in p.drain_pods} == {iso_at(T0)}
+    assert [uid for n, uid, _ in p.drain_pods] == [f"uid-{n}" for n, _, _ in p.drain_pods], "the pods' own uids"
+    assert not p.delete and not p.apply and not p.delete_pods
+    assert p.drain_started == [3, 2, 1] and [(d.group, d.reason) for d in p.draining] == [
+        (3, "ScaleDown"), (2, "ScaleDown"), (1, "ScaleDown")]
+
+    # Idle at once, but inside the settle time the router may not have seen the label yet: they stay.
+    observed = out_of_routing(at(observe(big), T0 + DRAIN_SETTLE_S - 1), {1, 2, 3})
+    p = plan(small, observed)
+    assert not p.delete and not p.drain_pods and [d.in_flight for d in p.draining] == [0, 0, 0]
+
+    p = plan(small, at(observed, T0 + DRAIN_SETTLE_S))
     assert p.delete == [("StatefulSet", G(3)), ("StatefulSet", G(2)), ("StatefulSet", G(1)),
                         ("Service", G(3)), ("Service", G(2)), ("Service", G(1))]  # fmt: skip
-    assert not p.apply and not p.delete_pods
+    assert [(d.group, d.ended_by) for d in p.drained] == [(3, "Idle"), (2, "Idle"), (1, "Idle")]
+    assert p.deleted_groups == [3, 2, 1] and not p.draining and not p.apply and not p.undrain_pods
 
 
-def test_rollout_updates_one_group_at_a_time_and_replaces_its_pods_together():
+def test_a_busy_group_waits_until_it_is_idle_or_drain_seconds_pass():
+    big = serving({"replicas": 2, "rollout": {"drainSeconds": 60}})
+    small = serving({"replicas": 1, "rollout": {"drainSeconds": 60}})
+    observed = out_of_routing(at(observe(big), T0 + 59), {1}, in_flight=3)
+    p = plan(small, observed)
+    assert not p.delete and [(d.group, d.in_flight) for d in p.draining] == [(1, 3)]
+
+    p = plan(small, at(observed, T0 + 60))
+    assert ("StatefulSet", G(1)) in p.delete
+    assert [(d.group, d.ended_by, d.in_flight) for d in p.drained] == [(1, "Timeout", 3)]
+
+    # An engine that did not answer is not known to be idle: only the timeout ends its drain.
+    observed = out_of_routing(at(observe(big), T0 + 59), {1}, in_flight=None)
+    p = plan(small, observed)
+    assert not p.delete and [d.in_flight for d in p.draining] == [None]
+
+
+def test_pods_that_are_not_ready_or_have_no_ip_count_as_idle():
+    big = serving({"replicas": 2, "parallelism": {"nodesPerReplica": 2}})
+    small = serving({"replicas": 1, "parallelism": {"nodesPerReplica": 2}})
+    observed = out_of_routing(at(observe(big), T0 + DRAIN_SETTLE_S), {1}, in_flight=None)
+    g1 = [i for i, p in enumerate(observed.pods) if p.group == 1]
+    observed.pods[g1[0]] = dataclasses.replace(observed.pods[g1[0]], ready=False)
+    observed.pods[g1[1]] = dataclasses.replace(observed.pods[g1[1]], ip="")
+    assert [(d.group, d.ended_by) for d in plan(small, observed).drained] == [(1, "Idle")]
+
+
+def test_scaling_back_up_cancels_the_drain():
+    observed = out_of_routing(at(observe(serving({"replicas": 3})), T0 + 1), {1, 2}, in_flight=2)
+    p = plan(serving({"replicas": 3}), observed)
+    assert sorted(p.undrain_pods) == [(n, f"uid-{n}") for n in pods_of(observed, 1, 2)]
+    assert p.drain_cancelled == [1, 2] and not p.delete and not p.draining and not p.drain_pods
+
+    # Back up part of the way: group 1 serves again, group 2 keeps draining.
+    p = plan(serving({"replicas": 2}), observed)
+    assert p.undrain_pods == [(n, f"uid-{n}") for n in pods_of(observed, 1)]
+    assert [d.group for d in p.draining] == [2] and p.drain_cancelled == [1]
+
+
+def test_drain_seconds_zero_removes_groups_at_once():
+    p = plan(serving({"replicas": 1, "rollout": {"drainSeconds": 0}}), at(observe(serving({"replicas": 3})), T0))
+    assert [d for d in p.delete if d[0] == "StatefulSet"] == [("StatefulSet", G(2)), ("StatefulSet", G(1))]
+    assert not p.drain_pods and not p.drained and not p.drain_started
+
+
+def test_rollout_drains_a_group_before_replacing_its_pods_together():
     old = serving({"replicas": 3, "parallelism": {"nodesPerReplica": 2}})
     new = serving({"replicas": 3, "parallelism": {"nodesPerReplica": 2}, "engine": {"image": "vllm/vllm-openai:v0.33.1"}})
-    p = plan(new, observe(old))
-    assert p.rolling == [0]
+    observed = at(observe(old), T0)
+    p = plan(new, observed)
+    assert sorted(n for n, _, _ in p.drain_pods) == pods_of(observed, 0), "one group at a time, drained first"
+    assert not p.rolling and not p.delete_pods
+    assert not [o for o in p.apply if o["kind"] == "StatefulSet"], "its old template stays while it drains"
+    assert [(d.group, d.reason) for d in p.draining] == [(0, "Rollout")]
+
+    observed = out_of_routing(at(observe(old), T0 + DRAIN_SETTLE_S), {0})
+    p = plan(new, observed)
+    assert p.rolling == [0] and not p.drain_pods
     assert sorted(p.delete_pods) == [f"{G(0)}-0", f"{G(0)}-1"]
     assert [o["metadata"]["name"] for o in p.apply if o["kind"] == "StatefulSet"] == [G(0)]
+    assert [(d.group, d.ended_by) for d in p.drained] == [(0, "Idle")]
 
 
-def test_rollout_budget_allows_max_unavailable_groups():
+def test_rollout_budget_allows_max_unavailable_groups_and_a_draining_group_uses_it():
     old = serving({"replicas": 4})
     new = serving({"replicas": 4, "rollout": {"maxUnavailable": 2}, "engine": {"image": "x:1"}})
-    assert plan(new, observe(old)).rolling == [0, 1]
+    assert plan(new, at(observe(old), T0)).drain_started == [0, 1]
+    observed = out_of_routing(at(observe(old), T0 + DRAIN_SETTLE_S), {0, 1})
+    assert plan(new, observed).rolling == [0, 1]
+
+    # Group 0 is still busy: it holds one unit of the budget of 1, so group 1 waits.
+    one = serving({"replicas": 4, "engine": {"image": "x:1"}})
+    observed = out_of_routing(at(observe(old), T0 + 1), {0}, in_flight=5)
+    p = plan(one, observed)
+    assert [d.group for d in p.draining] == [0] and not p.drain_pods and not p.rolling
 
 
 def test_unready_outdated_group_is_updated_even_when_the_budget_is_used():
     old = serving({"replicas": 2})
     new = serving({"replicas": 2, "engine": {"image": "x:1"}})
-    observed = observe(old, ready=False)  # both groups already down: replacing them costs nothing
-    assert plan(new, observed).rolling == [0, 1]
+    observed = at(observe(old, ready=False), T0)  # both groups already down: replacing them costs nothing
+    assert plan(new, observed).drain_started == [0, 1]
+    observed = out_of_routing(at(observe(old, ready=False), T0 + DRAIN_SETTLE_S), {0, 1}, in_flight=None)
+    assert plan(new, observed).rolling == [0, 1], "not ready: idle, whatever its engines say"
 
 
 def test_half_updated_group_is_finished_by_replacing_stale_pods():
     obj = serving({"replicas": 1, "parallelism": {"nodesPerReplica": 2}})
     # The StatefulSet already has the new template, one pod still runs the old one (operator died mid-way).
-    observed = observe(obj, pod_hash={f"{G(0)}-1": "old"})
+    observed = at(observe(obj, pod_hash={f"{G(0)}-1": "old"}), T0)
+    p = plan(obj, observed)
+    assert [n for n, _, _ in p.drain_pods] == [f"{G(0)}-1"] and not p.delete_pods
+    observed = out_of_routing(at(observe(obj, pod_hash={f"{G(0)}-1": "old"}), T0 + DRAIN_SETTLE_S), {0})
     p = plan(obj, observed)
     assert p.delete_pods == [f"{G(0)}-1"] and not p.rolling
+    assert p.undrain_pods == [(f"{G(0)}-0", f"uid-{G(0)}-0")], "the pod already on the new template serves again"
 
 
 def test_drift_in_a_child_is_restored_and_reported():
@@ -99,7 +206,7 @@ def test_turning_compute_domains_off_deletes_them_group_by_group():
     spec = {"replicas": 2, "parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
     on = serving(spec)
     off = serving({**spec, "placement": {"computeDomain": {"enabled": False}}})
-    observed = observe(on)
+    observed = out_of_routing(at(observe(on), T0 + DRAIN_SETTLE_S), {0})
     p = plan(off, observed)
     assert p.rolling == [0]
     assert p.delete_first == [("ComputeDomain", compute_domain_name("flash", 0))], "group 0's, before its new template"
@@ -111,7 +218,8 @@ def test_scale_down_deletes_the_compute_domains_of_removed_groups():
     from flashserve.render.naming import compute_domain_name
 
     spec = {"parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {"enabled": True}}}
-    p = plan(serving({**spec, "replicas": 1}), observe(serving({**spec, "replicas": 3})))
+    observed = out_of_routing(at(observe(serving({**spec, "replicas": 3})), T0 + DRAIN_SETTLE_S), {1, 2})
+    p = plan(serving({**spec, "replicas": 1}), observed)
     assert [d for d in p.delete if d[0] == "ComputeDomain"] == [("ComputeDomain", compute_domain_name("flash", 2)),
                                                                ("ComputeDomain", compute_domain_name("flash", 1))]  # fmt: skip
 
@@ -123,3 +231,77 @@ def test_network_policy_is_applied_by_default_and_deleted_when_turned_off():
     off = serving({"networkPolicy": {"enabled": False}})
     p = plan(off, observe(on))
     assert sorted(p.delete) == [("NetworkPolicy", "flash"), ("NetworkPolicy", router)] and not p.apply
+
+
+def _set(observed: Observed, group: int, **fields) -> Observed:
+    observed.pods = [dataclasses.replace(p, **fields) if p.group == group else p for p in observed.pods]
+    return observed
+
+
+def test_a_single_group_rolls_out_through_a_surge_group_and_keeps_serving():
+    old = serving({"replicas": 1})
+    new = serving({"replicas": 1, "engine": {"image": "x:1"}})
+    two = serving({"replicas": 2, "engine": {"image": "x:1"}})  # what the cluster holds once the surge exists
+    old_hash = template_hash(old.spec)
+
+    # 1. The surge group comes first, on the new template; group 0 is left alone.
+    p = plan(new, at(observe(old), T0))
+    assert p.surge == 1 and p.created_groups == [1]
+    made = [o for o in p.apply if o["kind"] == "StatefulSet"]
+    assert [o["metadata"]["name"] for o in made] == [G(1)]
+    assert made[0]["metadata"]["annotations"]["flashserve.io/template-hash"] == template_hash(new.spec)
+    assert not p.drain_pods and not p.rolling and not p.delete_pods and not p.delete
+
+    # 2. Not ready yet: group 0 keeps serving, nothing is drained; pods no node takes are reported.
+    starting = _set(at(observe(two, hash_override={0: old_hash}), T0), 1, ready=False)
+    p = plan(new, starting)
+    assert p.surge == 1 and not p.writes and not p.surge_unschedulable
+    p = plan(new, _set(starting, 1, unschedulable=True, phase="Pending"))
+    assert p.surge_unschedulable and not p.writes
+
+    # 3. The surge group is ready: group 0 is drained, then replaced.
+    both = at(observe(two, hash_override={0: old_hash}), T0)
+    p = plan(new, both)
+    assert sorted(n for n, _, _ in p.drain_pods) == pods_of(both, 0) and not p.rolling and not p.delete
+    p = plan(new, out_of_routing(at(observe(two, hash_override={0: old_hash}), T0 + DRAIN_SETTLE_S), {0}))
+    assert p.rolling == [0] and p.delete_pods == [f"{G(0)}-0"] and not p.delete
+
+    # 4. Group 0's new pods start: the surge group keeps serving.
+    p = plan(new, _set(at(observe(two), T0 + 60), 0, ready=False))
+    assert p.surge == 1 and not p.writes
+
+    # 5. Group 0 is ready on the new template: the surge group is beyond the desired count, drained, removed.
+    p = plan(new, at(observe(two), T0 + 60))
+    assert p.surge is None and sorted(n for n, _, _ in p.drain_pods) == pods_of(observe(two), 1)
+    assert [(d.group, d.reason) for d in p.draining] == [(1, "ScaleDown")]
+    p = plan(new, out_of_routing(at(observe(two), T0 + 60 + DRAIN_SETTLE_S), {1}, since=T0 + 60))
+    assert p.deleted_groups == [1] and ("StatefulSet", G(1)) in p.delete
+
+
+def test_without_surge_a_single_group_is_drained_and_replaced_in_place():
+    old = serving({"replicas": 1})
+    for spec in ({"rollout": {"surge": False}}, {"autoscaling": {"enabled": True, "maxReplicas": 1}}):
+        new = serving({"replicas": 1, "engine": {"image": "x:1"}, **spec})
+        observed = at(observe(old), T0)
+        p = plan(new, observed)
+        assert p.surge is None and not p.created_groups, spec
+        assert sorted(n for n, _, _ in p.drain_pods) == pods_of(observed, 0), spec
+
+
+def test_a_group_1_on_the_old_template_is_no_surge():
+    """Scaled from 2 to 1 in the same edit as a template change: group 1 is removed first, then the surge made."""
+    old = serving({"replicas": 2})
+    new = serving({"replicas": 1, "engine": {"image": "x:1"}})
+    p = plan(new, at(observe(old), T0))
+    assert p.surge is None and [(d.group, d.reason) for d in p.draining] == [(1, "ScaleDown")]
+    assert not p.created_groups and not [n for n, _, _ in p.drain_pods if n.startswith(G(0))]
+
+
+def test_pods_without_the_routing_label_get_it_and_nothing_more():
+    """Pods an operator made before the label existed: labelled `serve` once, no drain called off."""
+    obj = serving({"replicas": 2})
+    observed = at(observe(obj), T0)
+    observed.pods = [dataclasses.replace(p, routing="") if p.group == 1 else p for p in observed.pods]
+    p = plan(obj, observed)
+    assert p.undrain_pods == [(n, f"uid-{n}") for n in pods_of(observed, 1)]
+    assert not p.drain_cancelled and p.writes == len(p.undrain_pods)

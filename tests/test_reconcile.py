@@ -118,12 +118,16 @@ def test_a_write_is_not_repeated_while_the_watch_has_not_shown_it_yet(events, cl
 # -- (c) a spec change
 
 
+NO_DRAIN = {"rollout": {"drainSeconds": 0}}  # groups go at once: drains and the surge are tested in test_drain.py
+
+
 @pytest.mark.parametrize(
     ("before", "after"),
     [
-        pytest.param({"replicas": 1}, {"replicas": 1, "engine": {"image": "vllm/vllm-openai:v0.33.1"}}, id="image"),
+        pytest.param({"replicas": 1, **NO_DRAIN}, {"replicas": 1, "engine": {"image": "vllm/vllm-openai:v0.33.1"},
+                                                   **NO_DRAIN}, id="image"),  # fmt: skip
         pytest.param({"replicas": 1}, {"replicas": 2}, id="scale-up"),
-        pytest.param({"replicas": 2}, {"replicas": 1}, id="scale-down"),
+        pytest.param({"replicas": 2, **NO_DRAIN}, {"replicas": 1, **NO_DRAIN}, id="scale-down"),
         pytest.param({"replicas": 1}, {"replicas": 1, "networkPolicy": {"enabled": False}}, id="network-policy-off"),
     ],
 )
@@ -329,18 +333,18 @@ def test_a_failing_name_check_writes_nothing_blind(events, clock):
 
 
 def test_a_refused_delete_is_reported_and_the_group_is_not_announced_as_deleted(events, clock):
-    kube, c, status = settled({"replicas": 2}, clock)
+    kube, c, status = settled({"replicas": 2, **NO_DRAIN}, clock)
     events.clear()
     g1 = group_name("flash", 1)
     kube.errors[("delete", "StatefulSet")] = [api_error(500, "etcdserver: request timed out")]
-    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status, generation=2))
+    status = reconcile(c, kube, body("flash", {"replicas": 1, **NO_DRAIN}, status=status, generation=2))
     assert ("StatefulSet", NS, g1) in kube.objects
     assert f"StatefulSet/{g1}: 500" in conditions(status)["Degraded"]["message"]
     assert "GroupsDeleted" not in [e["reason"] for e in events]
 
     events.clear()
     kube.calls.clear()
-    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status, generation=2))
+    status = reconcile(c, kube, body("flash", {"replicas": 1, **NO_DRAIN}, status=status, generation=2))
     assert ("StatefulSet", g1) in deleted(kube) and ("StatefulSet", NS, g1) not in kube.objects
     assert "GroupsDeleted" in [e["reason"] for e in events]
 

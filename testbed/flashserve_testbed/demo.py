@@ -118,6 +118,7 @@ class Stack:
         self._spawn("operator", [*exe, "run", "--kubeconfig", str(self.info.kubeconfig), "-n", self.namespace,
                                  "--lease-namespace", self.namespace, "--liveness", "",
                                  "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--resync-seconds", "10",
+                                 "--engine-networks", "127.0.0.0/8",
                                  "--prometheus-url", self.info.prometheus_url or ""])  # fmt: skip
         return self
 

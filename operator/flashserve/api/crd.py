@@ -308,6 +308,8 @@ def _convert(node: dict, defs: dict, model: type[BaseModel] | None = None) -> di
             raise ValueError(f"cannot express union {node['anyOf']} in a structural schema")
         out = _convert(members[0], defs)
         out.update({k: node[k] for k in ("description", "default") if k in node and node[k] is not None})
+        if "description" in out:
+            out["description"] = " ".join(out["description"].split())
         if nullable:
             out["nullable"] = True
         return out

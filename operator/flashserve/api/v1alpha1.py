@@ -541,11 +541,27 @@ class RoutingSpec(_Model):
     def renders_prompts(self) -> bool:
         """Whether the router asks the engines to render prompts, so they need --enable-scale-out."""
         return self.enabled and self.policy in router_facts.RENDERING_POLICIES
+# Bounds of a drain: long enough for the longest agentic turn (a few minutes of decode at the SLA speed),
+# short enough that a stuck request cannot hold a scale-down, and the GPUs it frees, for long.
+DEFAULT_DRAIN_SECONDS = 300
+MAX_DRAIN_SECONDS = 3600
 
 
 class RolloutSpec(_Model):
     max_unavailable: int = Field(1, ge=1, le=MAX_GROUPS)
-    """Replica groups that may be updating at once; a group's pods are always replaced together."""
+    """Replica groups that may be updating at once; a group's pods are always replaced together. A group that
+    is draining before its replacement counts as updating."""
+    drain_seconds: int = Field(DEFAULT_DRAIN_SECONDS, ge=0, le=MAX_DRAIN_SECONDS)
+    """Before a group is removed (scale-down) or its pods are replaced (rollout), it is taken out of routing and
+    the operator waits until its engines report no running or waiting requests, at most this long; then the
+    group goes even with requests left (status.lastDrains says which ended each drain). 0 removes groups at
+    once, cutting the requests they still serve."""
+    surge: bool = True
+    """When the serving has one replica group, a rollout first creates a second group on the new template,
+    waits until it is ready, then drains and replaces the old group, then drains and removes the extra one: the
+    serving keeps serving throughout. Needs room for one more group in the pool (and, with autoscaling,
+    maxReplicas of at least 2). False, or no room: the one group is drained and replaced in place, and the
+    serving does not serve until the new pods are ready."""
 
 
 class DeepSeekServingSpec(_Model):
@@ -567,7 +583,7 @@ class DeepSeekServingSpec(_Model):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Per-user-speed autoscaling."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    """How pod changes roll out over groups."""
+    """How pod changes roll out over groups, and how groups are drained before they are removed or replaced."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """The NetworkPolicies that limit who may reach the engines and the router (on by default)."""
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
@@ -612,6 +628,33 @@ class ScalingEvent(_Model):
     reason: str = Field(max_length=1024)
 
 
+class DrainingGroup(_Model):
+    group: int
+    """Index of the replica group that is draining."""
+    since: str = Field(max_length=64)
+    """When its pods were taken out of routing (RFC 3339, UTC)."""
+    reason: Literal["ScaleDown", "Rollout"]
+    """ScaleDown: the group is beyond the desired count (also the extra group of a one-group rollout once the
+    replaced group is ready); Rollout: its pods are about to be replaced by the new template."""
+    requests_in_flight: int | None = None
+    """Running plus waiting requests its engines reported at the last look; unset while no engine could be
+    read (not yet, or it did not answer)."""
+
+
+class EndedDrain(_Model):
+    group: int
+    reason: Literal["ScaleDown", "Rollout"]
+    ended_by: Literal["Idle", "Timeout"]
+    """Idle: every engine of the group reported no running or waiting request; Timeout: rollout.drainSeconds
+    passed first, and the group went with the requests it still had."""
+    seconds: float
+    """How long the drain took."""
+    requests_in_flight: int | None = None
+    """Requests the group still had when it went (0 when idle; unknown when its engines could not be read)."""
+    time: str = Field(max_length=64)
+    """When the drain ended (RFC 3339, UTC)."""
+
+
 class DeepSeekServingStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = None
@@ -631,6 +674,10 @@ class DeepSeekServingStatus(_Model):
     last_scaling: ScalingEvent | None = None
     learned_capacity: float | None = None
     """Learned concurrent users one replica serves at the SLA."""
+    draining_groups: list[DrainingGroup] | None = Field(None, max_length=MAX_GROUPS + 1)
+    """Replica groups taken out of routing that wait for their requests to finish before they go."""
+    last_drains: list[EndedDrain] | None = Field(None, max_length=MAX_GROUPS + 1)
+    """The drains that ended at the most recent reconcile that ended any, and what ended each."""
     conditions: list[Condition] | None = Field(None, max_length=MAX_LIST)
 
 

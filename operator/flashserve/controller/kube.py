@@ -14,6 +14,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
+from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION
+from flashserve.render.naming import ROUTING_LABEL
 
 FIELD_MANAGER = "flashserve-operator"
 log = logging.getLogger(__name__)
@@ -70,6 +72,21 @@ class Kube:
         path = _PATHS[("apps/v1", "StatefulSet")].format(ns=namespace, name=statefulset)
         self._call("PATCH", path, {"spec": {"replicas": replicas}}, "application/merge-patch+json",
                    [("fieldManager", FIELD_MANAGER)])  # fmt: skip
+
+    def patch_pod_routing(self, namespace: str, name: str, uid: str, routing: str, since: str | None) -> None:
+        """Set a pod's routing label, and its drain-since annotation (None removes it). The uid in the patch is
+        a precondition: a pod re-created under the same name (a StatefulSet's are) is left alone, with a 409
+        the caller takes for success, as it does a 404 (gone is as good as out of routing)."""
+        path = _PATHS[("v1", "Pod")].format(ns=namespace, name=name)
+        meta: dict = {"labels": {ROUTING_LABEL: routing}, "annotations": {DRAIN_SINCE_ANNOTATION: since}}
+        if uid:
+            meta["uid"] = uid
+        try:
+            self._call("PATCH", path, {"metadata": meta}, "application/merge-patch+json",
+                       [("fieldManager", FIELD_MANAGER)])  # fmt: skip
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
 
     def get(self, namespace: str, kind: str, name: str) -> dict | None:
         """The object, or None when there is none of that name."""

@@ -17,6 +17,7 @@ import kopf
 from kubernetes import client, config
 
 from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
+from flashserve.controller.drain import parse_networks
 from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.reconciler import Controller
@@ -33,6 +34,13 @@ def _api_client(kubeconfig: str | None) -> client.ApiClient:
     cfg = client.Configuration.get_default_copy()
     cfg.connection_pool_maxsize = 16
     return client.ApiClient(cfg)
+
+
+def _networks(text: str) -> tuple:
+    try:
+        return parse_networks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus-allow-own-namespace", action=argparse.BooleanOptionalAction,
                    default=env("FLASHSERVE_PROMETHEUS_ALLOW_OWN_NAMESPACE", "true").lower() != "false",
                    help="allow a serving's prometheusUrl to name a Service of its own namespace (default on)")  # fmt: skip
+    p.add_argument("--engine-networks", type=_networks, default=_networks(env("FLASHSERVE_ENGINE_NETWORKS", "")),
+                   help="comma-separated CIDRs of the pod IPs the operator may ask for their load while their group "
+                   "drains (GET /metrics on the engine port); default: any pod IP of a serving's own StatefulSets. "
+                   "The local cluster sets its loopback pod range")  # fmt: skip
     p.add_argument("--liveness", default=env("FLASHSERVE_LIVENESS", "http://127.0.0.1:8081/healthz"),
                    help="liveness endpoint URL to serve (empty to disable)")  # fmt: skip
     p.add_argument("--metrics-address", default=env("FLASHSERVE_METRICS_ADDRESS", "127.0.0.1:8082"),
@@ -122,7 +134,8 @@ async def _run(args: argparse.Namespace) -> int:
                 await standby.cleanup()
 
     controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url,
-                            operator_namespace=args.operator_namespace)  # fmt: skip
+                            operator_namespace=args.operator_namespace,
+                            engine_networks=args.engine_networks)  # fmt: skip
     allow = PrometheusAllowList(operator_url=args.prometheus_url, entries=parse_entries(args.prometheus_allow),
                                 own_namespace=args.prometheus_allow_own_namespace)  # fmt: skip
     controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url, allow=allow)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flashserve.render.naming import GROUP_LABEL, SERVING_LABEL
+from flashserve.render.naming import GROUP_LABEL, ROUTING_LABEL, SERVING_LABEL
 from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
+
+# When the operator took a pod out of routing, on the pod itself: a drain's clock survives an operator restart.
+DRAIN_SINCE_ANNOTATION = "flashserve.io/drain-since"
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,12 @@ class PodView:
     unschedulable: bool  # the scheduler found no node: the pool is exhausted or placement impossible
     restarts: int
     node: str
+    routing: str = ""  # the routing label: serve, drain, or none (pods made before the label existed)
+    drain_since: str = ""  # when the operator took the pod out of routing (RFC 3339), if it did
+    ip: str = ""  # status.podIP
+    uid: str = ""
+    owner_uid: str = ""  # uid of the object that controls the pod (its StatefulSet)
+    host_network: bool = False
 
 
 @dataclass
@@ -45,6 +54,10 @@ class Observed:
                 "NetworkPolicy": self.netpols, "Deployment": self.deployments,
                 "ServiceAccount": self.serviceaccounts, "Role": self.roles, "RoleBinding": self.rolebindings,
                 "InferencePool": self.inferencepools}  # fmt: skip
+    # Not from the watches: what the reconciler gathered before planning, so that the plan stays pure.
+    now: float = 0.0  # wall clock, seconds since the epoch (drain times are wall-clock annotations)
+    in_flight: dict[str, int | None] = field(default_factory=dict)  # pod -> running + waiting requests it
+    # reported (None: it did not answer); only pods of draining groups are asked
 
 
 def controller_uid(child: dict) -> str | None:
@@ -85,6 +98,8 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         roles={n: s for n, s in observed.roles.items() if mine(s)},
         rolebindings={n: s for n, s in observed.rolebindings.items() if mine(s)},
         inferencepools={n: s for n, s in observed.inferencepools.items() if mine(s)},
+        now=observed.now,
+        in_flight=dict(observed.in_flight),
     )
 
 
@@ -157,6 +172,12 @@ def pod_view(body: dict) -> PodView:
         unschedulable=unschedulable,
         restarts=restarts,
         node=(body.get("spec") or {}).get("nodeName") or "",
+        routing=str(labels.get(ROUTING_LABEL, "")),
+        drain_since=str((meta.get("annotations") or {}).get(DRAIN_SINCE_ANNOTATION, "")),
+        ip=str(status.get("podIP") or ""),
+        uid=str(meta.get("uid") or ""),
+        owner_uid=controller_uid(body) or "",
+        host_network=bool((body.get("spec") or {}).get("hostNetwork")),
     )
 
 

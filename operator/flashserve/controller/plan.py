@@ -12,6 +12,13 @@ Rules:
   created beside the old one, and the old one (StatefulSet, headless Service, ComputeDomain) is deleted only
   once the new one is ready. Shared objects under old names go once no old group is left.
 - The observed children are the serving's own (observe.owned): another object's children are never planned.
+- A group is drained before it goes (controller/drain.py): its pods are taken out of routing, and its
+  StatefulSet is deleted (scale-down) or its pods are replaced (rollout) only once its engines are idle or
+  rollout.drainSeconds has passed. A draining group counts against rollout.maxUnavailable. A pod out of
+  routing whose group no longer has to go (replicas back up, spec reverted) is put back into routing.
+- A serving of one group rolls out through a surge group (rollout.surge): group 1 is made on the new template
+  beside the old group 0, which serves until group 1 is ready; then group 0 is drained and replaced, and once
+  it is ready again group 1 is beyond the desired count and drained and removed like any scale-down.
 
 Rendering is the costly part (seconds for hundreds of groups): plan takes the rendered objects from a
 RenderCache, so a plan of an unchanged serving renders nothing. plan stays a pure function of its inputs; the
@@ -23,11 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flashserve.api.v1alpha1 import DeepSeekServing
+from flashserve.controller.drain import ROLLOUT, SCALE_DOWN, Drain, DrainStep, drain_step
 from flashserve.controller.observe import Observed, PodView, is_subset, statefulset_of
 from flashserve.facts.layout import layout
 from flashserve.render.cache import CACHE, RenderCache, spec_digest
 from flashserve.render.naming import (
     GROUP_LABEL,
+    ROUTING_DRAIN,
     compute_domain_name,
     group_name,
     legacy_compute_domain_name,
@@ -68,11 +77,28 @@ class Plan:
     restored: list[str] = field(default_factory=list)  # "Kind/name" of existing children put back in shape
     migrating: list[int] = field(default_factory=list)  # groups created under the current name in this plan
     migrated: list[int] = field(default_factory=list)  # groups whose old-named copy is deleted in this plan
+    drain_pods: list[tuple[str, str, str]] = field(default_factory=list)  # (pod, uid, since) out of routing
+    undrain_pods: list[tuple[str, str]] = field(default_factory=list)  # (pod, uid) back into routing
+    draining: list[Drain] = field(default_factory=list)  # drains in progress after this plan
+    drained: list[Drain] = field(default_factory=list)  # drains that ended in this plan (their groups go now)
+    drain_started: list[int] = field(default_factory=list)
+    drain_cancelled: list[int] = field(default_factory=list)
+    surge: int | None = None  # the surge group of a one-group rollout, while it is kept
+    surge_unschedulable: bool = False  # the surge group's pods find no node: the old group keeps serving
 
     @property
     def writes(self) -> int:
         return (len(self.apply) + len(self.patch_replicas) + len(self.delete) + len(self.delete_first)
-                + len(self.delete_pods))  # fmt: skip
+                + len(self.delete_pods) + len(self.drain_pods) + len(self.undrain_pods))  # fmt: skip
+
+    def step(self, s: DrainStep) -> bool:
+        """Record one group's drain step; True when the group may go now."""
+        self.drain_pods += s.label
+        if s.drain is not None:
+            if s.started:
+                self.drain_started.append(s.drain.group)
+            (self.drained if s.done else self.draining).append(s.drain)
+        return s.done
 
 
 def _index_of(sts: dict) -> int:
@@ -209,6 +235,37 @@ def _compute_domains_of_rendered(sts: dict) -> list[str]:
 ROUTER_KINDS = ("Deployment", "RoleBinding", "Role", "ServiceAccount")
 
 
+def _out_of_routing(pods: list[PodView]) -> bool:
+    return any(p.routing == ROUTING_DRAIN for p in pods)
+
+
+def _surge_index(obj: DeepSeekServing, gs: _Groups, own: list[GroupState], desired: int,
+                 current: str) -> tuple[int | None, bool]:  # fmt: skip
+    """The surge group of a one-group rollout (index 1) when one is to be made or kept, else None; and whether
+    group 0 is to wait for it."""
+    spec = obj.spec
+    if desired != 1 or not spec.rollout.surge or spec.rollout.drain_seconds == 0:
+        return None, False
+    if spec.autoscaling.enabled and spec.autoscaling.max_replicas < 2:
+        return None, False  # no room for a second group within the GPU budget
+    sts0, sts1 = gs.current.get(0), gs.current.get(1)
+    if sts0 is None:
+        return None, False
+    old0 = sts0["metadata"]["annotations"].get(TEMPLATE_HASH_ANNOTATION, "") != current
+    live0 = [p for p in gs.pods_of(sts0) if not p.terminating]
+    # Group 0 is protected by a surge only while it serves on its old template and is not being replaced
+    # already: a group that does not serve has nothing to protect, one drained for replacement is past that.
+    protect = old0 and own[0].ready and not _out_of_routing(live0)
+    if sts1 is not None:
+        if sts1["metadata"]["annotations"].get(TEMPLATE_HASH_ANNOTATION, "") != current:
+            # A group 1 on another template (scaled down in the same edit) is no surge: it is removed as a
+            # scale-down, and group 0 serves meanwhile; the surge is made once it is gone.
+            return None, protect
+        # Kept until group 0 is on the new template and ready again.
+        return (None, False) if own[0].updated and own[0].ready else (1, False)
+    return (1, False) if protect else (None, False)
+
+
 def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
          cache: RenderCache | None = None, operator_namespace: str = OPERATOR_NAMESPACE) -> Plan:
     cache = CACHE if cache is None else cache
@@ -223,8 +280,16 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
     gs = _groups(name, observed)
     own = _own_states(obj, gs, desired)
     states = [_combined(g, gs.old.get(g.index, []), gs, nodes, current) for g in own]
-    unavailable = sum(1 for g in states if g.exists and not g.ready)
+    # A ready group out of routing (draining before its pods are replaced) serves no one: it counts as down.
+    unavailable = sum(1 for g in states if g.exists and not g.ready) + sum(
+        1 for g in own if g.ready and _out_of_routing(gs.pods_of(gs.current.get(g.index)))
+    )
     budget = spec.rollout.max_unavailable
+    surge, hold0 = _surge_index(obj, gs, own, desired, current)
+    out.surge = surge
+    surge_state = (_group_state(surge, gs.current.get(surge), gs.pods_of(gs.current.get(surge)), nodes, current)
+                   if surge is not None else None)  # fmt: skip
+    in_drain: set[str] = set()  # pods whose group drains (or goes) in this plan: not put back into routing
     # Groups whose move to the current name is under way: the new copy exists and is not ready yet.
     moving = sum(1 for g in own if g.exists and not g.ready and gs.old.get(g.index))
     removed_old: set[str] = set()  # old-named StatefulSets deleted by this plan
@@ -248,27 +313,40 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
             else:
                 out.created_groups.append(g.index)
         elif sts_hash != current:
-            if not g.ready or unavailable < budget:
-                # Start this group's update: new template, then replace all its pods at once.
+            draining = _out_of_routing(group_pods)
+            surge_waits = hold0 or (surge_state is not None and not surge_state.ready)
+            if surge_waits and surge_state is not None:
+                out.surge_unschedulable = surge_state.unschedulable > 0
+            if not surge_waits and (draining or not g.ready or unavailable < budget):
+                if g.ready and not draining:
+                    unavailable += 1
+                in_drain.update(p.name for p in group_pods)
+                go = out.step(drain_step(g.index, ROLLOUT, group_pods, spec, observed))
+            else:
+                go = False
+            if go:
+                # Drained: new template, then replace all its pods at once.
                 out.rolling.append(g.index)
                 out.delete_pods += [p.name for p in group_pods]
-                if g.ready:
-                    unavailable += 1
                 # A ComputeDomain the new template no longer claims (computeDomain turned off) goes with the
                 # old pods. Deleted before the StatefulSet is rewritten: once it is, nothing observed names it.
                 for cd in sorted(set(_compute_domains_of(name, sts)) - _claims(objs)):
                     out.delete_first.append(("ComputeDomain", cd))
             else:
-                # Held back by the rollout budget: keep its old template, but keep its size.
+                # Draining, waiting on the surge group, or held back by the rollout budget: keep its old
+                # template, but keep its size.
                 if sts["spec"].get("replicas") != nodes:
                     out.patch_replicas.append((sts["metadata"]["name"], nodes))
                     out.restored.append(f"StatefulSet/{sts['metadata']['name']}")
                 objs = [o for o in objs if o["kind"] != "StatefulSet"]
         else:
             # On the current template: finish a half-done update (e.g. the operator died between writing the
-            # StatefulSet and deleting the pods) by replacing every stale pod of the group together.
-            stale = [p.name for p in group_pods if p.template_hash != current]
-            out.delete_pods += stale
+            # StatefulSet and deleting the pods) by replacing every stale pod of the group together, drained.
+            stale = [p for p in group_pods if p.template_hash != current]
+            if stale:
+                in_drain.update(p.name for p in stale)
+                if out.step(drain_step(g.index, ROLLOUT, stale, spec, observed)):
+                    out.delete_pods += [p.name for p in stale]
         if sts is not None and old and g.ready and g.index not in out.rolling:
             # The current copy serves: the old one and its headless Service and ComputeDomain go.
             out.migrated.append(g.index)
@@ -284,6 +362,18 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
                 if live is not None and g.index not in out.rolling:
                     out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
     out.groups = states
+
+    if surge is not None:
+        # The surge group: made (or kept in shape) on the current template like any group.
+        sts = gs.current.get(surge)
+        if sts is None:
+            out.created_groups.append(surge)
+        for o in cache.group(obj, surge, digest):
+            live = _live(observed, o)
+            if _needs_apply(o, live):
+                out.apply.append(o)
+                if live is not None:
+                    out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
 
     shared = cache.shared(obj, digest, operator_namespace)
     for o in shared:
@@ -307,17 +397,28 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
     if spec.network_policy.enabled and ("NetworkPolicy", router) not in wanted and router in observed.netpols:
         out.delete.append(("NetworkPolicy", router))
 
-    # Groups beyond the desired count, highest first (under any name); their headless Services and
-    # ComputeDomains with them.
+    # Groups beyond the desired count, highest first (under any name), each once drained; their headless
+    # Services and ComputeDomains with them. The surge group is not among them while it is kept.
     extra = sorted(
-        ((i, s) for i, s in [*gs.current.items(), *((i, s) for i, ss in gs.old.items() for s in ss)] if i >= desired),
+        ((i, s) for i, s in [*gs.current.items(), *((i, s) for i, ss in gs.old.items() for s in ss)]
+         if i >= desired and not (i == surge and s is gs.current.get(i))),
         key=lambda t: (-t[0], t[1]["metadata"]["name"]),
-    )
+    )  # fmt: skip
+    by_index: dict[int, list[dict]] = {}
     for i, s in extra:
-        if i not in out.deleted_groups:
-            out.deleted_groups.append(i)
-        out.delete.append(("StatefulSet", s["metadata"]["name"]))
-        removed_old.add(s["metadata"]["name"])
+        by_index.setdefault(i, []).append(s)
+    staying: set[int] = {surge} if surge is not None else set()  # groups >= desired that are not deleted now
+    for i, group in by_index.items():
+        pods = [p for s in group for p in gs.pods_of(s) if not p.terminating]
+        in_drain.update(p.name for p in pods)
+        if not out.step(drain_step(i, SCALE_DOWN, pods, spec, observed)):
+            staying.add(i)
+            continue
+        out.deleted_groups.append(i)
+        for s in group:
+            out.delete.append(("StatefulSet", s["metadata"]["name"]))
+            removed_old.add(s["metadata"]["name"])
+    extra = [(i, s) for i, s in extra if i not in staying]
     group_svcs = sorted(
         ((_index_of(s), n) for n, s in observed.services.items() if s["metadata"]["labels"].get(GROUP_LABEL) is not None),
         key=lambda t: (-t[0], t[1]),
@@ -326,7 +427,7 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
     for i, s in extra:
         cds += [cd for cd in _compute_domains_of(name, s) if cd not in cds]
     for i, svc in group_svcs:
-        if i >= desired:
+        if i >= desired and i not in staying:
             out.delete.append(("Service", svc))
             cd = compute_domain_name(name, i)
             if spec.placement.compute_domain.enabled and svc == group_name(name, i) and cd not in cds:
@@ -348,6 +449,18 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
         if spec.network_policy.enabled:
             out.delete += [("NetworkPolicy", n) for n in sorted(observed.netpols)
                            if n not in (network_policy_name(name), router)]  # fmt: skip
+
+    # Pods out of routing whose group no longer has to go: back into routing (a cancelled drain). Pods without
+    # the label (made by an operator version before it existed) get it too: the router and the Service select
+    # only labelled pods, and these still serve until their rollout replaces them.
+    for sts_name, pods in sorted(gs.pods.items()):
+        live = [p for p in pods if not p.terminating and p.name not in in_drain]
+        back = [p for p in live if p.routing == ROUTING_DRAIN]
+        out.undrain_pods += [(p.name, p.uid) for p in back]
+        out.undrain_pods += [(p.name, p.uid) for p in live if not p.routing]
+        for g in sorted({p.group for p in back}):
+            if g not in out.drain_cancelled:
+                out.drain_cancelled.append(g)
     return out
 
 

@@ -21,6 +21,8 @@ from kubernetes.client.rest import ApiException
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
 from flashserve.api.validation import SpecError, parse_spec
+from flashserve.controller.drain import SCALE_DOWN, drain_targets, engine_address
+from flashserve.controller.engine_metrics import EngineMetrics
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import (
     Observed,
@@ -38,12 +40,15 @@ from flashserve.controller.status import (
     join_capped,
     merge_conditions,
     previous_conditions,
+    surge_unschedulable_condition,
     transitions,
 )
 from flashserve.render.cache import CACHE
 from flashserve.render.naming import (
     GROUP_LABEL,
     MANAGED_BY,
+    ROUTING_DRAIN,
+    ROUTING_SERVE,
     SERVING_LABEL,
     serving_label_value,
 )
@@ -76,6 +81,16 @@ EVENT_BACKOFF_MAX_S = 1000.0
 # large serving's render leaves the other one to the many small plans that a resync brings.
 PLAN_THREADS = 2
 _planner = concurrent.futures.ThreadPoolExecutor(max_workers=PLAN_THREADS, thread_name_prefix="flashserve-plan")
+
+# While a group drains, nothing the watches show tells when its last request ends: the serving is reconciled
+# (and its draining engines asked) every DRAIN_POLL_S instead of at the next resync.
+DRAIN_POLL_S = 2.0
+# Draining engines are asked on threads of their own, a bounded number at once, and a reconcile waits for the
+# answers at most PROBE_WAIT_S: an engine that has not answered by then counts as not known to be idle (its
+# drain then ends by idleness at a later poll, or by rollout.drainSeconds).
+PROBE_THREADS = 16
+PROBE_WAIT_S = 3.0
+_probes = concurrent.futures.ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="flashserve-probe")
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +152,14 @@ class Controller:
     stats: Stats = field(default_factory=Stats)
     autoscaler: object | None = None  # flashserve.controller.autoscale.Autoscaler, when enabled
     operator_namespace: str = OPERATOR_NAMESPACE  # where the operator runs: its pods may reach the engines
+    engines: object | None = None  # reads an engine's requests in flight: requests_in_flight(host, port)
+    engine_networks: tuple = ()  # pod IPs the operator may ask (drain.parse_networks); empty: any pod IP
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
+        if self.engines is None:
+            self.engines = EngineMetrics()
+        self._draining: set[tuple[str, str]] = set()  # servings with a drain in progress
         self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
         self._status: dict[tuple[str, str], dict] = {}  # the status this operator last wrote, per serving
         self._uncreated: dict[tuple[str, str], set[str]] = {}  # "Kind/name" the API server refused to create
@@ -153,6 +173,7 @@ class Controller:
         self._uncreated.pop((namespace, name), None)
         self._short.pop((namespace, name), None)
         self._refusals.pop((namespace, name), None)
+        self._draining.discard((namespace, name))
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -188,13 +209,37 @@ class Controller:
         p.delete = [(k, n) for k, n in p.delete if self._first((k, namespace, n), "delete", now)]
         p.delete_first = [(k, n) for k, n in p.delete_first if self._first((k, namespace, n), "delete", now)]
         p.migrating = [g for g in p.migrating if str(g) in applied_groups]
+        p.drain_pods = [d for d in p.drain_pods if self._first(("Pod", namespace, d[0]), ROUTING_DRAIN, now)]
+        p.undrain_pods = [d for d in p.undrain_pods if self._first(("Pod", namespace, d[0]), ROUTING_SERVE, now)]
         if len(self._recent) > 10000:  # forget old entries so memory stays flat
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
     def next_evaluation_in(self, body: dict) -> float:
         base = self.resync_seconds if self.autoscaler is None else self.autoscaler.next_evaluation_in(body)
-        check = self._next_refusal_check((body["metadata"]["namespace"], body["metadata"]["name"]))
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        check = self._next_refusal_check(key)
+        if key in self._draining:
+            check = DRAIN_POLL_S if check is None else min(check, DRAIN_POLL_S)
         return base if check is None else min(base, check)
+
+    async def _probe(self, mine: Observed, port: int) -> dict[str, int | None]:
+        """Requests in flight of each draining engine of the serving, asked concurrently off the event loop."""
+        targets = drain_targets(mine, self.engine_networks)
+        if not targets:
+            return {}
+        loop = asyncio.get_running_loop()
+        futures = {p.name: loop.run_in_executor(_probes, self.engines.requests_in_flight, engine_address(p.ip), port)
+                   for p in targets}  # fmt: skip
+        done, pending = await asyncio.wait(futures.values(), timeout=PROBE_WAIT_S)
+        for f in pending:
+            f.cancel()
+        out: dict[str, int | None] = {}
+        for pod, f in futures.items():
+            value = None
+            if f in done and not f.cancelled() and f.exception() is None:
+                value = f.result()
+            out[pod] = value if isinstance(value, int) and value >= 0 else None
+        return out
 
     def _next_refusal_check(self, key: tuple[str, str]) -> float | None:
         """Seconds until a StatefulSet short of pods is due to be looked into (again), if one is."""
@@ -278,9 +323,17 @@ class Controller:
             if scaled is not None:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
+        mine.now = time.time()
+        mine.in_flight = await self._probe(mine, spec.engine.port)
         loop = asyncio.get_running_loop()
         p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace)
+        if p.draining:
+            self._draining.add((namespace, name))
+        else:
+            self._draining.discard((namespace, name))
         self._skip_repeats(namespace, p, digests)
+        if not p.writes:  # nothing left to do (or only what was done moments ago): nothing happened now
+            _drop_unmade_drains(p, set(), mine)
         outcome = Outcome()
         if p.writes:
             log.info("%s/%s: apply %s; patch %s; delete %s; delete pods %s", namespace, name,
@@ -297,12 +350,14 @@ class Controller:
             _count_as_created(p, retried - unmade)
             _drop_unwritten(p, outcome.skipped, mine)
             self.stats.writes += outcome.writes
-            self._report(body, p, logger)
+            self._report(body, p, logger, spec.rollout.drain_seconds)
 
         counts = group_counts(p.groups)
-        extra_groups = len(p.deleted_groups)
+        extra_groups = len(p.deleted_groups) + sum(d.reason == SCALE_DOWN for d in p.draining)
         refused = await self._pods_refused(namespace, name, mine)
         conds = group_conditions(p.groups, spec.replicas, extra_groups, refused) + extra_conds
+        if p.surge_unschedulable and not any(c.type == "Degraded" and c.status == "True" for c in conds):
+            conds = [c for c in conds if c.type != "Degraded"] + [surge_unschedulable_condition(p.surge)]
         if outcome.failed or outcome.refused:
             conds = [c for c in conds if c.type != "Degraded"] + [_write_problems(outcome)]
         new_status = {
@@ -313,6 +368,11 @@ class Controller:
             "endpoint": endpoint(name, namespace, spec),
             "conditions": merge_conditions(previous, conds, now_iso(), generation),
         }
+        # Written while groups drain, and cleared once (only then: a steady serving's status does not change).
+        if p.draining or status.get("drainingGroups"):
+            new_status["drainingGroups"] = [d.status() for d in p.draining] or None
+        if p.drained:
+            new_status["lastDrains"] = [d.ended() for d in p.drained]
         if self.autoscaler is not None and spec.autoscaling.enabled:
             new_status.update(self.autoscaler.status_fields(body))
         await self._write_status(body, status, new_status, logger)
@@ -373,6 +433,13 @@ class Controller:
                     blocked.add(name)
         for sts, replicas in p.patch_replicas:
             attempt("StatefulSet", sts, lambda s=sts, r=replicas: self.kube.patch_replicas(namespace, s, r))
+        # Out of routing before anything is deleted; back into routing as soon as a drain is called off.
+        for pod, pod_uid, since in p.drain_pods:
+            attempt("Pod", pod, lambda n=pod, u=pod_uid, t=since:
+                    self.kube.patch_pod_routing(namespace, n, u, ROUTING_DRAIN, t))  # fmt: skip
+        for pod, pod_uid in p.undrain_pods:
+            attempt("Pod", pod, lambda n=pod, u=pod_uid:
+                    self.kube.patch_pod_routing(namespace, n, u, ROUTING_SERVE, None))  # fmt: skip
         for pod in p.delete_pods:
             if statefulset_of(pod) in blocked:
                 out.skipped.add(("Pod", pod))
@@ -395,7 +462,7 @@ class Controller:
             return  # gone, or another's: not ours to delete
         self.kube.delete(namespace, kind, name, uid=(live.get("metadata") or {}).get("uid"))
 
-    def _report(self, body: dict, p: Plan, logger: logging.Logger) -> None:
+    def _report(self, body: dict, p: Plan, logger: logging.Logger, drain_seconds: int) -> None:
         if p.migrating:
             kopf.event(body, type="Normal", reason="GroupsRenaming",
                        message=f"creating replica groups {p.migrating} under their current names beside the old "
@@ -403,8 +470,27 @@ class Controller:
         if p.migrated:
             kopf.event(body, type="Normal", reason="GroupsRenamed",
                        message=f"replica groups {p.migrated} serve under their current names: old copies deleted")  # fmt: skip
-        if p.created_groups:
-            kopf.event(body, type="Normal", reason="GroupsCreated", message=f"created replica groups {p.created_groups}")
+        created = [g for g in p.created_groups if g != p.surge]
+        if p.surge is not None and p.surge in p.created_groups:
+            kopf.event(body, type="Normal", reason="SurgeCreated",
+                       message=f"created surge group {p.surge} on the new template: group 0 serves until it is "
+                       "ready, then is drained and replaced")  # fmt: skip
+        if created:
+            kopf.event(body, type="Normal", reason="GroupsCreated", message=f"created replica groups {created}")
+        for g in p.drain_started:
+            d = next((d for d in p.draining + p.drained if d.group == g), None)
+            why = "beyond the desired count" if d is not None and d.reason == SCALE_DOWN else "its pods are replaced next"
+            kopf.event(body, type="Normal", reason="DrainStarted",
+                       message=f"group {g} taken out of routing ({why}): it goes once its engines are idle, at "
+                       f"most {drain_seconds} s after it started")  # fmt: skip
+        for d in p.drained:
+            left = "" if d.in_flight in (0, None) else f", {d.in_flight} requests still in flight"
+            kopf.event(body, type="Normal" if d.ended_by == "Idle" else "Warning", reason="Drained",
+                       message=f"group {d.group} drained ({d.ended_by.lower()}) after "
+                       f"{max(0.0, d.ended_at - d.since):.0f} s{left}")  # fmt: skip
+        if p.drain_cancelled:
+            kopf.event(body, type="Normal", reason="DrainCancelled",
+                       message=f"groups {p.drain_cancelled} put back into routing: they no longer have to go")  # fmt: skip
         if p.deleted_groups:
             kopf.event(body, type="Normal", reason="GroupsDeleted", message=f"deleted replica groups {p.deleted_groups}")
         for g in p.rolling:
@@ -460,3 +546,19 @@ def _drop_unwritten(p: Plan, skipped: set[tuple[str, str]], mine: Observed) -> N
             for kind, n in p.delete if kind == "StatefulSet" and (kind, n) in skipped}  # fmt: skip
     p.deleted_groups = [g for g in p.deleted_groups if str(g) not in kept]
     p.migrated = [g for g in p.migrated if str(g) not in kept]
+    _drop_unmade_drains(p, skipped, mine)
+
+
+def _drop_unmade_drains(p: Plan, skipped: set[tuple[str, str]], mine: Observed) -> None:
+    """Drain events tell of what was done: a drain started or called off when a pod's label was written, ended
+    when its group went (its StatefulSet deleted, or its pods deleted for replacement)."""
+    group_of = {v.name: v.group for v in mine.pods}
+    sts_group = {n: ((s.get("metadata") or {}).get("labels") or {}).get(GROUP_LABEL) for n, s in mine.statefulsets.items()}
+    gone = {int(g) for kind, n in p.delete if kind == "StatefulSet" and ("StatefulSet", n) not in skipped
+            for g in [sts_group.get(n)] if g is not None and g.lstrip("-").isdigit()}  # fmt: skip
+    gone |= {group_of[n] for n in p.delete_pods if ("Pod", n) not in skipped and n in group_of}
+    p.drained = [d for d in p.drained if d.group in gone]
+    labelled = {group_of.get(n) for n, _, _ in p.drain_pods if ("Pod", n) not in skipped}
+    p.drain_started = [g for g in p.drain_started if g in labelled]
+    back = {group_of.get(n) for n, _ in p.undrain_pods if ("Pod", n) not in skipped}
+    p.drain_cancelled = [g for g in p.drain_cancelled if g in back]

@@ -125,6 +125,15 @@ def pods_refused_condition(refused: list[tuple[int, str, str]]) -> Cond:
     return Cond("Degraded", "True", "PodsRefused", join_capped(parts))
 
 
+def surge_unschedulable_condition(surge: int | None) -> Cond:
+    """Degraded while the surge group of a one-group rollout finds no node: the old group keeps serving on the
+    old template and the rollout waits for room (docs/drain.md)."""
+    return Cond("Degraded", "True", "SurgeUnschedulable",
+                f"surge group {surge} of the rollout has pods no node can take: group 0 keeps serving on the old "
+                "template until it is scheduled; add room for one more group, or set spec.rollout.surge: false to "
+                "drain and replace group 0 in place (the serving does not serve until its new pods are ready)")  # fmt: skip
+
+
 def invalid_spec_conditions(errors: list[str]) -> list[Cond]:
     message = join_capped(errors)
     return [

@@ -1,0 +1,151 @@
+"""Draining a replica group before it goes: the pure part (which pods to take out of routing, whether a drain
+has ended and why), and which pods the operator may ask for their load.
+
+A drain's whole state lives on the pods: the routing label (`serve` -> `drain`, which the router's selector and
+the plain Service's drop) and the annotation saying since when. An operator that restarts reads it back from
+the watch and carries on; nothing is kept in memory.
+
+A drain ends when every engine of the group reports no running and no waiting request (`Idle`), once the
+router has had time to see the label, or when spec.rollout.drainSeconds has passed since the first pod was
+taken out (`Timeout`), whichever comes first.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from flashserve.api.v1alpha1 import DeepSeekServingSpec
+from flashserve.clock import iso_at, parse_iso
+from flashserve.controller.observe import Observed, PodView, statefulset_of
+from flashserve.render.naming import ROUTING_DRAIN
+
+# The router drops a pod when its pod watch shows the new label, and kube-proxy when the EndpointSlice does:
+# until then a new request may still be sent to the group, and one sent just before may still be on its way to
+# the engine. An engine that reads idle inside this window can be about to get work, so idle counts only after
+# it. Watch delivery takes well under a second on a healthy API server; 5 s covers a busy one, and costs
+# nothing against drains that wait minutes for long generations.
+DRAIN_SETTLE_S = 5.0
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+SCALE_DOWN = "ScaleDown"
+ROLLOUT = "Rollout"
+IDLE = "Idle"
+TIMEOUT = "Timeout"
+
+
+@dataclass(frozen=True)
+class Drain:
+    group: int
+    reason: str  # SCALE_DOWN or ROLLOUT
+    since: float  # seconds since the epoch: when the first pod was taken out of routing
+    in_flight: int | None  # running + waiting requests over the engines that answered; None: none answered
+    ended_by: str | None = None  # IDLE or TIMEOUT when the drain ended in this plan
+    ended_at: float = 0.0
+
+    def status(self) -> dict:
+        out = {"group": self.group, "since": iso_at(self.since), "reason": self.reason}
+        if self.in_flight is not None:
+            out["requestsInFlight"] = self.in_flight
+        return out
+
+    def ended(self) -> dict:
+        out = {"group": self.group, "reason": self.reason, "endedBy": self.ended_by,
+               "seconds": round(max(0.0, self.ended_at - self.since), 1), "time": iso_at(self.ended_at)}  # fmt: skip
+        if self.in_flight is not None:
+            out["requestsInFlight"] = self.in_flight
+        return out
+
+
+@dataclass
+class DrainStep:
+    """What one group's drain asks of this plan."""
+
+    done: bool  # the pods may be deleted now
+    label: list[tuple[str, str, str]]  # (pod, uid, since) to take out of routing
+    drain: Drain | None  # None when nothing was drained (drains off, no live pod)
+    started: bool  # no pod of the group was out of routing before this plan
+
+
+def _since(p: PodView) -> float | None:
+    return parse_iso(p.drain_since) if p.routing == ROUTING_DRAIN else None
+
+
+def in_flight(p: PodView, observed: Observed) -> int | None:
+    """Requests a draining pod still holds. A pod that is not ready or has no IP takes no traffic (neither the
+    router nor a Service sends it any) and counts as idle; a ready one that did not answer is unknown."""
+    if not p.ready or not p.ip:
+        return 0
+    return observed.in_flight.get(p.name)
+
+
+def drain_step(index: int, reason: str, pods: list[PodView], spec: DeepSeekServingSpec, observed: Observed) -> DrainStep:
+    """One plan's step of draining `pods` (the live pods of group `index` that are to go)."""
+    seconds = spec.rollout.drain_seconds
+    if seconds == 0 or not pods:
+        return DrainStep(True, [], None, False)
+    now = observed.now
+    marked = {p.name: t for p in pods if (t := _since(p)) is not None}
+    label = [(p.name, p.uid, iso_at(now)) for p in pods if p.name not in marked]
+    first = min(marked.values(), default=now)
+    last = now if label else max(marked.values())
+    loads = [in_flight(p, observed) for p in pods]
+    known = [x for x in loads if x is not None]
+    requests = sum(known) if known else None
+    idle = all(x == 0 for x in loads)
+    ended_by = None
+    if not label and idle and now - last >= DRAIN_SETTLE_S:
+        ended_by = IDLE
+    elif now - first >= seconds:
+        ended_by = TIMEOUT
+    drain = Drain(index, reason, first, requests, ended_by, now if ended_by else 0.0)
+    return DrainStep(ended_by is not None, label, drain, not marked)
+
+
+def parse_networks(text: str) -> tuple[IPNetwork, ...]:
+    """Comma-separated CIDRs (the operator's --engine-networks); ValueError names the one that is not."""
+    out = []
+    for part in (t.strip() for t in text.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"--engine-networks: {part!r} is not a network (e.g. 10.64.0.0/10 or fd00::/8)") from None
+    return tuple(out)
+
+
+def drain_targets(observed: Observed, networks: tuple[IPNetwork, ...] = ()) -> list[PodView]:
+    """The pods whose engines the operator asks for their load: live pods out of routing whose controller is a
+    StatefulSet among the observed ones (the serving's own: `observed` is what observe.owned kept), with a pod
+    IP that is a unicast address, inside one of `networks` when any are given (the operator's
+    --engine-networks: the local cluster's loopback pod range). The address is only ever the pod's status.podIP
+    (set by the cluster, not by any user), and the port the rendered spec's: no field of a serving can point the
+    operator elsewhere. A hostNetwork pod (its IP is a node's) is never asked: the serving's StatefulSets never
+    render one."""
+    owners = {name: ((s.get("metadata") or {}).get("uid") or "") for name, s in observed.statefulsets.items()}
+    out = []
+    for p in observed.pods:
+        if p.routing != ROUTING_DRAIN or p.terminating or not p.ready or p.host_network:
+            continue
+        owner = owners.get(statefulset_of(p.name))
+        if not owner or p.owner_uid != owner:
+            continue
+        if engine_address(p.ip) is None:
+            continue
+        if networks and not any(ipaddress.ip_address(p.ip) in n for n in networks):
+            continue
+        out.append(p)
+    return out
+
+
+def engine_address(ip: str) -> str | None:
+    """The pod IP as a URL host (IPv6 in brackets), or None when it is not a plain unicast IP address."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    if addr.is_unspecified or addr.is_multicast:
+        return None
+    return f"[{addr}]" if addr.version == 6 else str(addr)
