@@ -61,6 +61,8 @@ def observe(obj, *, ready: bool = True, hash_override: dict[int, str] | None = N
                 pname = f"{name}-{k}"
                 out.pods.append(PodView(pname, idx, pod_hash.get(pname, h), ready, False, "Running", False, 0, "n"))
         elif kind in out.by_kind():
+            if kind == "Deployment":  # its pods up, as the Deployment controller reports them
+                live["status"] = {"replicas": o["spec"]["replicas"], "availableReplicas": o["spec"]["replicas"]}
             out.by_kind()[kind][name] = live
     return out
 
