@@ -65,6 +65,8 @@ def observe(obj, *, ready: bool = True, hash_override: dict[int, str] | None = N
                                         routing=ROUTING_SERVE, ip=f"10.64.{idx}.{k + 1}", uid=f"uid-{pname}",
                                         owner_uid=f"uid-{name}"))  # fmt: skip
         elif kind in out.by_kind():
+            if kind == "Deployment":  # its pods up, as the Deployment controller reports them
+                live["status"] = {"replicas": o["spec"]["replicas"], "availableReplicas": o["spec"]["replicas"]}
             out.by_kind()[kind][name] = live
     return out
 

@@ -48,7 +48,8 @@ def api_error(status: int, message: str) -> ApiException:
 
 class FakeKube:
     """Objects by (kind, namespace, name). Apply replaces the object (enough for what the operator sets);
-    StatefulSets get their pods at once, ready unless their name is in `unready`, none when `refuse_pods`
+    StatefulSets get their pods at once, ready unless their name is in `unready` (Deployments likewise get
+    their available replicas), none when `refuse_pods`
     made the API server refuse them (and recorded the StatefulSet controller's FailedCreate Event in `events`).
 
     Every call is recorded in `calls`, also the ones that fail. `errors[(verb, kind)]` is raised by every such
@@ -94,6 +95,9 @@ class FakeKube:
         key = (obj["kind"], meta["namespace"], meta["name"])
         stored = copy.deepcopy(obj)
         stored["metadata"].setdefault("uid", f"uid-{obj['kind']}-{meta['name']}")
+        if obj["kind"] == "Deployment":  # its pods come up at once, unless its name is in `unready`
+            ready = 0 if meta["name"] in self.unready else obj["spec"]["replicas"]
+            stored["status"] = {"replicas": obj["spec"]["replicas"], "availableReplicas": ready}
         self.objects[key] = stored
 
     def get(self, namespace: str, kind: str, name: str) -> dict | None:

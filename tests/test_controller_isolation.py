@@ -17,6 +17,7 @@ from flashserve.render.naming import (
     legacy_pdb_name,
     legacy_service_name,
     legacy_serving_label_value,
+    router_name,
     service_name,
 )
 from flashserve.render.renderer import render_serving
@@ -161,7 +162,7 @@ def test_children_move_to_the_current_names_group_by_group(events, name):
         status = reconcile(c, kube, body(name, b["spec"], status=status))
     assert kube.names("StatefulSet") == set(new)
     assert kube.names("Service") == set(new) | {service_name(name)}, "old shared objects go once no old group is left"
-    assert kube.names("PodDisruptionBudget") == {name}
+    assert kube.names("PodDisruptionBudget") == {name, router_name(name)}, "the engines' and the router's"
     assert status["readyReplicas"] == 3 and conditions(status)["Progressing"]["reason"] == "Complete"
 
 

@@ -95,29 +95,6 @@ def test_the_ports_are_the_rendered_ones():
     assert allowed(policies, client, moved_dst, 9000) and not allowed(policies, client, moved_dst, API)
 
 
-def test_monitoring_namespaces():
-    prom = Pod("observability", {"app": "prometheus"})
-    default_prom = Pod("monitoring", {"app": "prometheus"})
-    stranger = Pod("elsewhere", {})
-    objs = _serving(monitoringNamespaces=["observability"])
-    dst = _engine_pod(objs)
-    assert allowed(_policies(objs), prom, dst, API) and not allowed(_policies(objs), prom, dst, RPC)
-    assert not allowed(_policies(objs), default_prom, dst, API)
-    # None at all: the rule is left out rather than rendered with an empty `from`, which would admit everyone.
-    objs = _serving(monitoringNamespaces=[])
-    dst = _engine_pod(objs)
-    assert not allowed(_policies(objs), default_prom, dst, API)
-    assert not allowed(_policies(objs), stranger, dst, API)
-    assert allowed(_policies(objs), Pod(NS, {}), dst, API)
-
-
-def test_turned_off_everyone_reaches_every_port():
-    objs = _serving(enabled=False)
-    assert not _policies(objs)
-    dst = _engine_pod(objs)
-    assert allowed(_policies(objs), Pod("elsewhere", {}), dst, RPC)
-
-
 def test_router_policy_matrix():
     """The router takes the API from the namespace and allowedNamespaces, /metrics from monitoringNamespaces;
     nothing reaches the engines' ports on it, and nothing else reaches it."""
@@ -162,6 +139,29 @@ def test_the_operator_namespace_is_a_render_option():
     dst, policies = _engine_pod(objs), _policies(objs)
     assert allowed(policies, Pod("ops", {}), dst, API) and not allowed(policies, Pod("ops", {}), dst, RPC)
     assert not allowed(policies, Pod("flashserve-system", {}), dst, API)
+
+
+def test_monitoring_namespaces():
+    prom = Pod("observability", {"app": "prometheus"})
+    default_prom = Pod("monitoring", {"app": "prometheus"})
+    stranger = Pod("elsewhere", {})
+    objs = _serving(monitoringNamespaces=["observability"])
+    dst = _engine_pod(objs)
+    assert allowed(_policies(objs), prom, dst, API) and not allowed(_policies(objs), prom, dst, RPC)
+    assert not allowed(_policies(objs), default_prom, dst, API)
+    # None at all: the rule is left out rather than rendered with an empty `from`, which would admit everyone.
+    objs = _serving(monitoringNamespaces=[])
+    dst = _engine_pod(objs)
+    assert not allowed(_policies(objs), default_prom, dst, API)
+    assert not allowed(_policies(objs), stranger, dst, API)
+    assert allowed(_policies(objs), Pod(NS, {}), dst, API)
+
+
+def test_turned_off_everyone_reaches_every_port():
+    objs = _serving(enabled=False)
+    assert not _policies(objs)
+    dst = _engine_pod(objs)
+    assert allowed(_policies(objs), Pod("elsewhere", {}), dst, RPC)
 
 
 def test_allowed_namespaces_must_be_namespace_names():

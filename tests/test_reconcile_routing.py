@@ -38,6 +38,15 @@ def deleted(kube: FakeKube) -> list[tuple[str, str]]:
     return [(c[1], c[2]) for c in kube.calls if c[0] == "delete"]
 
 
+ENGINES = {"flashserve.io/serving": "flash", "app.kubernetes.io/component": "engine", "flashserve.io/routing": "serve"}
+ROUTERS = {"flashserve.io/serving": "flash", "app.kubernetes.io/component": "router"}
+
+
+def selector(kube: FakeKube) -> dict:
+    """What the client Service selects."""
+    return kube.objects[("Service", NS, "flash")]["spec"]["selector"]
+
+
 def settled(spec: dict, clock):
     kube = FakeKube()
     c = controller(kube)
@@ -60,6 +69,33 @@ def test_the_router_is_made_with_the_serving_and_its_rbac_before_its_pods(events
     assert order.index("ServiceAccount") < order.index("Role") < order.index("RoleBinding") < order.index("Deployment")
 
 
+def test_the_service_moves_to_the_router_once_a_router_pod_is_available(events, clock):
+    kube = FakeKube()
+    c = controller(kube)
+    kube.unready.add(ROUTER)  # the router pods do not pass /readiness yet (no healthy engine, image pull)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}))
+    assert selector(kube) == ENGINES, "meanwhile the engines serve directly"
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert selector(kube) == ENGINES
+    kube.unready.discard(ROUTER)
+    kube.apply(copy.deepcopy(kube.objects[("Deployment", NS, ROUTER)]))  # the Deployment controller's report
+    kube.calls.clear()
+    events.clear()
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert applied(kube) == [("Service", "flash")] and selector(kube) == ROUTERS
+    assert "DriftCorrected" not in [e["reason"] for e in events], "a move by design is not drift"
+
+
+def test_turning_routing_on_keeps_the_engines_behind_the_service_until_the_router_is_up(events, clock):
+    off = {"replicas": 1, "routing": {"enabled": False}}
+    kube, c, status = settled(off, clock)
+    assert selector(kube) == ENGINES
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert ("Deployment", ROUTER) in applied(kube) and ("Service", "flash") not in applied(kube)
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert selector(kube) == ROUTERS
+
+
 @pytest.mark.parametrize("kind", ["Deployment", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget", "NetworkPolicy"])
 def test_a_router_child_deleted_by_hand_is_made_again(events, clock, kind):
     kube, c, status = settled({"replicas": 1}, clock)
@@ -67,7 +103,15 @@ def test_a_router_child_deleted_by_hand_is_made_again(events, clock, kind):
     del kube.objects[(kind, NS, ROUTER)]
     handlers.child_deleted(c, kind, NS, ROUTER, {})
     reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
-    assert applied(kube) == [(kind, ROUTER)]
+    if kind == "Deployment":
+        # No router pod meanwhile: the client Service goes back to the engines until the new one is up.
+        assert sorted(applied(kube)) == [("Deployment", ROUTER), ("Service", "flash")]
+        assert selector(kube) == ENGINES
+        kube.calls.clear()
+        reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+        assert applied(kube) == [("Service", "flash")] and selector(kube) == ROUTERS
+    else:
+        assert applied(kube) == [(kind, ROUTER)]
     assert kube.objects[(kind, NS, ROUTER)] == want
 
 

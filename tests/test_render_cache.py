@@ -47,7 +47,13 @@ def test_second_plan_of_an_unchanged_serving_renders_nothing(renders):
     first = plan(obj, Observed(), cache=cache)
     assert sorted(renders, key=str) == sorted([("group", "flash", i) for i in range(3)] + [("shared", "flash", None)],
                                               key=str)  # fmt: skip
-    assert first.apply == render_serving(obj)  # what the cache hands out is what rendering gives
+    # What the cache hands out is what rendering gives (the client Service aside: it points at the engines
+    # until a router pod is available, which none is here).
+    client = lambda o: (o["kind"], o["metadata"]["name"]) == ("Service", "flash")  # noqa: E731
+    rendered = render_serving(obj)
+    assert [o for o in first.apply if not client(o)] == [o for o in rendered if not client(o)]
+    (planned,), (made,) = [o for o in first.apply if client(o)], [o for o in rendered if client(o)]
+    assert {**planned, "spec": {**planned["spec"], "selector": made["spec"]["selector"]}} == made
     renders.clear()
     again = plan(obj, Observed(), cache=cache)
     steady = plan(obj, observe(obj), cache=cache)

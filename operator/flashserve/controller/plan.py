@@ -47,7 +47,7 @@ from flashserve.render.naming import (
     service_name,
     serving_label_value,
 )
-from flashserve.render.renderer import OPERATOR_NAMESPACE, TEMPLATE_HASH_ANNOTATION, template_hash
+from flashserve.render.renderer import OPERATOR_NAMESPACE, TEMPLATE_HASH_ANNOTATION, serve_selector, template_hash
 
 CHANNEL_SUFFIX = "-channel"  # a ComputeDomain's channel ResourceClaimTemplate is `<computedomain>-channel`
 
@@ -266,6 +266,30 @@ def _surge_index(obj: DeepSeekServing, gs: _Groups, own: list[GroupState], desir
     return (1, False) if protect else (None, False)
 
 
+def router_available(observed: Observed, serving: str) -> bool:
+    """Whether the serving's router Deployment has a pod that passes its readiness probe (which it does once
+    it has found a healthy engine)."""
+    dep = observed.deployments.get(router_name(serving))
+    available = ((dep or {}).get("status") or {}).get("availableReplicas") or 0
+    return isinstance(available, int) and available >= 1
+
+
+def _behind_engines(obj: dict, serving: str) -> dict:
+    """The client Service as routing off renders it (the engines that take traffic); other objects as they are."""
+    if obj["kind"] != "Service" or obj["metadata"]["name"] != service_name(serving):
+        return obj
+    return {**obj, "spec": {**obj["spec"], "selector": serve_selector(serving)}}
+
+
+def _moved(obj: dict, live: dict) -> bool:
+    """A client Service that differs from the live one in its selector alone: moved between the engines and
+    the router by design, not drift."""
+    if obj["kind"] != "Service" or obj.get("spec", {}).get("selector") == (live.get("spec") or {}).get("selector"):
+        return False
+    same = {**obj, "spec": {**obj["spec"], "selector": (live.get("spec") or {}).get("selector")}}
+    return not _needs_apply(same, live)
+
+
 def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
          cache: RenderCache | None = None, operator_namespace: str = OPERATOR_NAMESPACE) -> Plan:
     cache = CACHE if cache is None else cache
@@ -376,11 +400,15 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
                     out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
 
     shared = cache.shared(obj, digest, operator_namespace)
+    if spec.routing.enabled and not router_available(observed, name):
+        # The client Service moves to the router only once a router pod is available: turning routing on (or
+        # an operator upgrade that brings the router) never leaves the endpoint without a backend meanwhile.
+        shared = [_behind_engines(o, name) for o in shared]
     for o in shared:
         live = _live(observed, o)
         if _needs_apply(o, live):
             out.apply.append(o)
-            if live is not None:
+            if live is not None and not _moved(o, live):
                 out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
 
     if not spec.network_policy.enabled:
