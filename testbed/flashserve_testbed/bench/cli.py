@@ -2,6 +2,8 @@
 
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
+                               [--scenario-file FILE.yaml ...]
+    flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
     flashserve bench compare A.csv B.csv [--plot PNG]
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
