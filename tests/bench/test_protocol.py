@@ -84,3 +84,11 @@ def test_cli_refuses_heldout_with_scenarios(capsys):
     assert cli.main(["autoscale", "--heldout", "--families", "spikes", "--quiet"]) == 2
     assert "unknown family 'spikes'" in capsys.readouterr().err
     assert cli.main(["autoscale", "--heldout", "--test-seeds", "0", "--quiet"]) == 2
+
+
+def test_the_bound_check_is_not_passed_when_no_run_qualifies():
+    ch = protocol.Checks(dominated=[], equal_saving=0.25, equal_best="hpa-equal", bound_runs=0, bound_misses=[],
+                         overshoot=[])  # fmt: skip
+    lines = ch.lines()
+    assert lines[0].startswith("- PASS no baseline") and lines[1].startswith("- PASS >= 20% fewer")
+    assert lines[2].startswith("- n/a attainment >= 99%")
