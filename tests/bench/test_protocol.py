@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 from flashserve_testbed.bench import cli, protocol
 from flashserve_testbed.bench.measures import Result
-from flashserve_testbed.bench.protocol import GEN_FAMILIES, GRIDS, generate, held_out_seeds, train_seeds
+from flashserve_testbed.bench.protocol import (
+    GEN_FAMILIES,
+    GRIDS,
+    generate,
+    held_out_seeds,
+    train_seeds,
+)
 
 
 def test_generator_is_a_function_of_family_and_seed():

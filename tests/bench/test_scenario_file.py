@@ -117,16 +117,16 @@ def test_a_missing_file_exits_2(tmp_path, capsys):
 # The published scenarios as they were defined in code before they became files (docs/autoscaling-benchmark.md's
 # tables were measured on exactly these): the files must give the same Scenario, field for field.
 PUBLISHED = {
-    "agentic-bursty": dict(duration_s=75 * MIN, base_replicas=2.4, drift=0.15, drift_period_s=60 * MIN,
-                           bursts_per_hour=4.0, burst_minutes=1.5, burst_spread_s=60.0),
-    "diurnal": dict(duration_s=100 * MIN, base_replicas=1.4,
-                    knots=((0, 1.0), (15 * MIN, 1.0), (50 * MIN, 2.6), (70 * MIN, 2.6), (100 * MIN, 1.3))),
-    "flash-crowd": dict(duration_s=75 * MIN, base_replicas=1.6,
-                        knots=((0, 1.0), (15 * MIN, 1.0), (17 * MIN, 2.5), (42 * MIN, 2.5), (48 * MIN, 1.6),
-                               (57 * MIN, 1.0))),
-    "quick-flash": dict(duration_s=20 * MIN, base_replicas=0.8,
-                        knots=((0, 1.0), (6 * MIN, 1.0), (7 * MIN, 2.0), (13 * MIN, 2.0), (16 * MIN, 1.0)),
-                        warmup_s=180.0, startup_median_s=120.0),
+    "agentic-bursty": {"duration_s": 75 * MIN, "base_replicas": 2.4, "drift": 0.15, "drift_period_s": 60 * MIN,
+                       "bursts_per_hour": 4.0, "burst_minutes": 1.5, "burst_spread_s": 60.0},
+    "diurnal": {"duration_s": 100 * MIN, "base_replicas": 1.4,
+                "knots": ((0, 1.0), (15 * MIN, 1.0), (50 * MIN, 2.6), (70 * MIN, 2.6), (100 * MIN, 1.3))},
+    "flash-crowd": {"duration_s": 75 * MIN, "base_replicas": 1.6,
+                    "knots": ((0, 1.0), (15 * MIN, 1.0), (17 * MIN, 2.5), (42 * MIN, 2.5), (48 * MIN, 1.6),
+                              (57 * MIN, 1.0))},
+    "quick-flash": {"duration_s": 20 * MIN, "base_replicas": 0.8,
+                    "knots": ((0, 1.0), (6 * MIN, 1.0), (7 * MIN, 2.0), (13 * MIN, 2.0), (16 * MIN, 1.0)),
+                    "warmup_s": 180.0, "startup_median_s": 120.0},
 }  # fmt: skip
 
 

@@ -267,7 +267,9 @@ class Checks:
     """Runs where the policy's peak fleet is at least twice the bound's (maxReplicas is 2x peak + 2)."""
 
     def lines(self) -> list[str]:
-        ok = lambda b: "PASS" if b else "FAIL"  # noqa: E731
+        def ok(passed: bool) -> str:
+            return "PASS" if passed else "FAIL"
+
         out = [f"- {ok(not self.dominated)} no baseline better on both attainment and GPU-hours in any family"
                + (f": {', '.join(self.dominated)}" if self.dominated else "")]
         if self.equal_saving is None:
@@ -333,8 +335,8 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice]) 
             c = cells.get((row, col))
             out.append("-" if c is None else f"{c.attainment:.1%} / {c.x_oracle:.2f}")
         lines.append(f"| {row} | " + " | ".join(out) + " |")
-    lines += ["", f"Equal attainment: the policy's median train attainment is {train_goal:.2%}; chosen on the "
-              "train set (median attainment / x oracle there):"]  # fmt: skip
+    lines += ["", (f"Equal attainment: the policy's median train attainment is {train_goal:.2%}; chosen on the "
+                   "train set (median attainment / x oracle there):")]  # fmt: skip
     for c in choices.values():
         lines.append(f"- {c.family}-equal = `{c.spec.label}`: {c.train_attainment:.2%} / {c.train_x_oracle:.2f}"
                      + ("" if c.reached else " (not reached: its best-attaining setting)"))
