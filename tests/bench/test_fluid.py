@@ -108,7 +108,7 @@ def test_cli_quick_with_the_fluid_model(tmp_path):
                    "--json", str(out), "--out", str(tmp_path / "o"), "--quiet", "--no-plots"])  # fmt: skip
     assert rc == 0
     recs = {r["policy"]: r for r in json.loads(out.read_text())}
-    assert set(recs) == {"oracle", "flashserve", "static"}
+    assert set(recs) == {"oracle", "bound", "flashserve", "static"}
     assert recs["static"]["attainment"] > 0.9 and recs["flashserve"]["gpu_hours"] > 0
     assert "fluid model" in (tmp_path / "o" / "table.md").read_text()
 

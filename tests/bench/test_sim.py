@@ -168,14 +168,14 @@ def test_cli_quick_json_schema(tmp_path):
     assert log.name.startswith("quick-flash-seed1-flashserve") and first["t"] >= 0
     assert {"reason", "desired", "readings"} <= first.keys()
     recs = json.loads(out.read_text())
-    assert [r["policy"] for r in recs] == ["oracle", "flashserve", "hpa"]
+    assert [r["policy"] for r in recs] == ["oracle", "bound", "flashserve", "hpa"]
     for r in recs:
         for key in ("policy", "attainment", "gpu_hours", "tokens_per_dollar", "scale_actions"):
             assert key in r
         assert 0.0 <= r["attainment"] <= 1.0
         assert r["gpu_hours"] > 0 and r["tokens_per_dollar"] > 0
     rows = (tmp_path / "r.csv").read_text().splitlines()
-    assert rows[0].startswith("policy,scenario,seed,attainment") and len(rows) == 4
+    assert rows[0].startswith("policy,scenario,seed,attainment") and len(rows) == 5
 
 
 def test_startup_sweep_runs_on_every_seed(tiny):
@@ -185,4 +185,4 @@ def test_startup_sweep_runs_on_every_seed(tiny):
                 startup_specs=[PolicySpec("hpa")], startup_scenario="tiny", startup_seeds=[1, 2, 3])  # fmt: skip
     sweep = [(t.seed, t.settings.startup_median_s, t.label) for t in plan.tasks() if t.kind == "startup"]
     assert sorted({seed for seed, _, _ in sweep}) == [1, 2, 3]
-    assert len(sweep) == 3 * 2 * 2  # seeds x start-ups x (oracle + hpa)
+    assert len(sweep) == 3 * 2 * 3  # seeds x start-ups x (oracle + bound + hpa)

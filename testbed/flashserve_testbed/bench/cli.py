@@ -2,6 +2,8 @@
 
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
+                               [--scenario-file FILE.yaml ...]
+    flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
     flashserve bench compare A.csv B.csv [--plot PNG]
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
@@ -69,6 +71,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="append", default=[], metavar="FILE",
                    help="replay this trace as a scenario (repeatable): Mooncake (open loop) or aiperf multi-turn "
                    "(sessions, closed loop), plain or gzipped, told apart by content")
+    p.add_argument("--scenario-file", action="append", default=[], metavar="FILE.yaml",
+                   help="run the scenarios of this YAML file (repeatable; format in docs/autoscaling-benchmark.md); "
+                   "only they run unless --scenarios names built-ins")
+    p.add_argument("--heldout", action="store_true",
+                   help="the train/test protocol: baselines tuned on generated train scenarios, every policy "
+                   "scored on held-out test scenarios (fluid model unless --engine model)")
+    p.add_argument("--families", nargs="+", metavar="NAME",
+                   help="--heldout: generated scenario families (default: all six)")
+    p.add_argument("--train-seeds", type=int, default=2, metavar="N", help="--heldout: seeds per family (default 2)")
+    p.add_argument("--test-seeds", type=int, default=2, metavar="N", help="--heldout: seeds per family (default 2)")
+    p.add_argument("--no-bound", action="store_true", help="skip the start-up-aware bound's runs")
     p.add_argument("--policies", nargs="+", metavar="NAME", choices=FAMILIES,
                    help=f"policy families (default all: {', '.join(FAMILIES)})")
     p.add_argument("--no-tuned", action="store_true", help="only the baselines' default settings")
@@ -86,8 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-hour-price", type=float, default=None, help="USD per GPU-hour (default 2.30, TCO)")
     p.add_argument("--all-ranks", action="store_true",
                    help="simulate every data-parallel rank of a replica, not one representative (4x slower)")
-    p.add_argument("--engine", choices=("model", "fluid"), default="model",
-                   help="model: every request through the engine model (default); fluid: the fluid model, "
+    p.add_argument("--engine", choices=("model", "fluid"), default=None,
+                   help="model: every request through the engine model (default; --heldout: fluid); fluid: the fluid model, "
                    "~100x faster, validated against the model in docs/autoscaling-benchmark.md")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--decision-log", metavar="DIR",
@@ -98,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def autoscale(argv: list[str]) -> int:
-    from flashserve_testbed.bench import report
+    from flashserve_testbed.bench import report, scenario_file
     from flashserve_testbed.bench.calibrate import calibrate
     from flashserve_testbed.bench.measures import GPU_HOUR_PRICE_USD
     from flashserve_testbed.bench.policies import (
@@ -120,6 +133,7 @@ def autoscale(argv: list[str]) -> int:
 
     args = _parser().parse_args(argv)
     progress = None if args.quiet else _progress
+    args.engine = args.engine or ("fluid" if args.heldout else "model")
     if args.engine == "fluid" and (args.trace or args.all_ranks):
         print("flashserve bench autoscale: --engine fluid replays synthetic sessions on one representative rank "
               "per replica; drop --trace/--all-ranks or use --engine model", file=sys.stderr)  # fmt: skip
@@ -129,11 +143,13 @@ def autoscale(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
         return 2
+    if args.heldout:
+        return heldout(args, profile, progress)
     if args.quick:
         scenarios = [QUICK_SCENARIO]
         seeds = args.seeds or [1]
     else:
-        names = args.scenarios or ([] if args.trace else list(SCENARIOS))
+        names = args.scenarios or ([] if args.trace or args.scenario_file else list(SCENARIOS))
         if names == ["none"]:
             names = []
         unknown = [n for n in names if n not in SCENARIOS]
@@ -143,6 +159,18 @@ def autoscale(argv: list[str]) -> int:
             return 2
         scenarios = [SCENARIOS[n] for n in names]
         seeds = args.seeds or [1, 2, 3]
+        for path in args.scenario_file:
+            try:
+                scenarios += scenario_file.load(path)
+            except scenario_file.ScenarioFileError as exc:
+                print(f"flashserve bench autoscale: --scenario-file {exc}", file=sys.stderr)
+                return 2
+        names = [s.name for s in scenarios]
+        clash = next((n for n in names if names.count(n) > 1), None)
+        if clash:
+            print(f"flashserve bench autoscale: scenario {clash!r} is given twice: rename one in its file",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     for path in args.trace:
         try:
             tr = read_trace(path)
@@ -169,7 +197,7 @@ def autoscale(argv: list[str]) -> int:
                         all_ranks=args.all_ranks, decisions=bool(args.decision_log),
                         engine=args.engine)  # fmt: skip
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
-                timeline_scenario=scenarios[0].name, timeline_seed=seeds[0])  # fmt: skip
+                timeline_scenario=scenarios[0].name, timeline_seed=seeds[0], bound=not args.no_bound)  # fmt: skip
     if not args.quick and not args.no_sweep:
         plan.sweep = sweep_specs(families)
         plan.sweep_scenarios = args.sweep_scenarios or [scenarios[0].name]
@@ -219,6 +247,65 @@ def autoscale(argv: list[str]) -> int:
         report.write_csv(results, csv_path)
     if out:
         _write_out_dir(out, recs, results, scenarios, seeds, calib, settings, profile, not args.no_plots, progress)
+    return 0
+
+
+def heldout(args, profile, progress) -> int:
+    """`--heldout`: the train/test protocol (bench/protocol.py); table and checks on stdout."""
+    from flashserve_testbed.bench import protocol, report
+    from flashserve_testbed.bench.calibrate import calibrate
+    from flashserve_testbed.bench.measures import GPU_HOUR_PRICE_USD
+    from flashserve_testbed.bench.sim import Settings
+
+    fams = args.families or list(protocol.GEN_FAMILIES)
+    bad = next((f for f in fams if f not in protocol.GEN_FAMILIES), None)
+    if bad or args.trace or args.scenario_file or args.scenarios or args.all_ranks:
+        why = (f"--families: unknown family {bad!r}: choose from {', '.join(protocol.GEN_FAMILIES)}" if bad else
+               "--heldout generates its scenarios: drop --trace/--scenario-file/--scenarios/--all-ranks")
+        print(f"flashserve bench autoscale: {why}", file=sys.stderr)
+        return 2
+    try:
+        protocol.train_seeds(args.train_seeds)
+        protocol.held_out_seeds(args.test_seeds)
+    except ValueError as exc:
+        print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
+                        engine=args.engine)  # fmt: skip
+    if progress:
+        progress(f"calibrating {profile.name}: steady-state load test of one engine ...")
+    calib = calibrate(profile, args.sla, progress=progress)
+    curve = None
+    if args.engine == "fluid":
+        from flashserve_testbed.bench.fluid import build_curve
+
+        curve = build_curve(profile, args.sla, progress=progress)
+    train, test, goal, choices = protocol.run(profile, calib, settings, fams, args.train_seeds, args.test_seeds,
+                                              max(1, args.jobs), curve, progress)  # fmt: skip
+    table, checks = protocol.markdown(test, goal, choices)
+    minutes = (time.monotonic() - t0) / 60
+    print(table)
+    if progress:
+        progress(f"done in {minutes:.1f} min")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        report.write_csv(train + test, out / "results.csv")
+        head = (f"# Held-out protocol\n\n{len(fams)} families x {args.test_seeds} test seeds (train: "
+                f"{args.train_seeds} seeds), engine `{args.engine}`, {minutes:.1f} min. Medians per family, "
+                "attainment / GPU-hours x oracle.\n\n")
+        (out / "protocol.md").write_text(head + table + "\n", encoding="utf-8")
+        if not args.no_plots:
+            try:
+                protocol.plot(test, choices, out / "heldout.png")
+            except ImportError:
+                if progress:
+                    progress("matplotlib missing: no plot (pip install flashserve[plot])")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"train_attainment": goal, "checks": checks.__dict__,
+                                               "choices": {f: c.spec.label for f, c in choices.items()}},
+                                              indent=1) + "\n", encoding="utf-8")  # fmt: skip
     return 0
 
 

@@ -243,6 +243,11 @@ class FluidSimulation(Simulation):
         st = workload.stats
         self.keep = 1.0 - 1.0 / st.turns
         self.st = st
+        # A scenario with its own session model (a scenario file's `sessions:`): the load test's turns are the
+        # default workload's, so its turn completions would be too; finish turns at the tokens emitted over
+        # this workload's mean output instead (first order: the token rate at a concurrency stays the load
+        # test's, whatever the contexts). The built-in scenarios keep the load test's completions exactly.
+        self.per_turn = st.output_tokens if workload.scenario.sessions is not None else 0.0
         self.state: dict[int, _State] = {}  # by group serial
         self.router = 0.0  # turns waiting for any ready group
         # output tokens and finished turns of the measured window, spread over the curve's points
@@ -304,6 +309,7 @@ class FluidSimulation(Simulation):
         curve = self.curve
         conc, comp, tok, ipt = curve.conc, curve.col["completions"], curve.col["tokens"], curve.col["itl_per_token"]
         c0, top = conc[0], conc[-1]
+        per_turn = self.per_turn
         finished = []
         for g, s in states:
             a = s.inflight
@@ -323,6 +329,8 @@ class FluidSimulation(Simulation):
                 done = min(a, (comp[i] + f * (comp[i + 1] - comp[i])) * dt)
                 tokens = (tok[i] + f * (tok[i + 1] - tok[i])) * dt
                 itl = tokens * (ipt[i] + f * (ipt[i + 1] - ipt[i]))
+            if per_turn:
+                done = min(a, tokens / per_turn)
             s.where = where = (i, f)
             s.inflight = a - done
             s.gen += tokens

@@ -11,7 +11,7 @@ from flashserve_testbed.bench.measures import Result, median
 from flashserve_testbed.bench.report import _order, curves
 
 COLORS = {
-    "oracle": "black", "flashserve": "tab:red", "hpa": "tab:blue", "kpa": "tab:orange",
+    "oracle": "black", "bound": "dimgray", "flashserve": "tab:red", "hpa": "tab:blue", "kpa": "tab:orange",
     "aibrix-apa": "tab:green", "dynamo": "tab:purple", "wva": "tab:brown", "static": "tab:gray",
 }  # fmt: skip
 

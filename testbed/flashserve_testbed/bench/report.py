@@ -12,7 +12,11 @@ from pathlib import Path
 from flashserve_testbed.bench.measures import Result, median
 from flashserve_testbed.bench.policies import FAMILIES
 
-ORDER = ["oracle"] + [f for fam in FAMILIES for f in (fam, f"{fam}-tuned")]
+ORDER = ["oracle", "bound"] + [f for fam in FAMILIES for f in (fam, f"{fam}-tuned")]
+
+
+REFERENCES = ("oracle", "bound")
+"""Rows that are no autoscaler: the oracle (no start-up) and the start-up-aware bound (baselines/bound.py)."""
 
 
 def _order(label: str) -> tuple[int, str]:
@@ -182,7 +186,7 @@ def curves(results: list[Result], scenario: str) -> dict[str, list[tuple[float, 
     # where the knobs were swept (on a subset of seeds), compare every setting on those same seeds
     sweep_seeds = {r.seed for r in results if r.scenario == scenario and r.kind == "sweep"}
     for r in results:
-        if r.scenario == scenario and r.kind in ("table", "sweep") and r.policy != "oracle":
+        if r.scenario == scenario and r.kind in ("table", "sweep") and r.policy not in REFERENCES:
             if not sweep_seeds or r.seed in sweep_seeds:
                 groups[r.policy].append(r)
     fam_points: dict[str, list[tuple[float, float, str]]] = defaultdict(list)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from flashserve_testbed.bench import fluid
+from flashserve_testbed.bench.baselines import bound
 from flashserve_testbed.bench.calibrate import Calibration
 from flashserve_testbed.bench.fleet import CACHE_UNIT_TOKENS
 from flashserve_testbed.bench.measures import Result
@@ -19,6 +20,9 @@ from flashserve_testbed.bench.workloads import Scenario
 from flashserve_testbed.engine.profile import Profile
 
 ORACLE = "oracle"
+BOUND = "bound"
+BOUND_SPEC = PolicySpec(BOUND)
+"""The start-up-aware bound (baselines/bound.py): a run of every (scenario, seed) beside the oracle."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class Plan:
     timeline_scenario: str | None = None
     timeline_seed: int | None = None
     settings: Settings = field(default_factory=Settings)
+    bound: bool = True
+    """Run the start-up-aware bound beside the oracle (table and start-up sweep)."""
 
     def tasks(self) -> list[Task]:
         out: list[Task] = []
@@ -57,6 +63,8 @@ class Plan:
                 tl = sc.name == self.timeline_scenario and seed == self.timeline_seed
                 st = replace(self.settings, timeline=tl)
                 out.append(Task(sc, seed, None, st))
+                if self.bound:
+                    out.append(Task(sc, seed, BOUND_SPEC, st))
                 out.extend(Task(sc, seed, spec, st) for spec in self.table)
                 if sc.name in self.sweep_scenarios and seed in self.sweep_seeds:
                     out.extend(Task(sc, seed, spec, self.settings, "sweep") for spec in self.sweep)
@@ -64,6 +72,8 @@ class Plan:
                     for s in self.startups:
                         st = replace(self.settings, startup_median_s=s)
                         out.append(Task(sc, seed, None, st, "startup"))
+                        if self.bound:
+                            out.append(Task(sc, seed, BOUND_SPEC, st, "startup"))
                         out.extend(Task(sc, seed, spec, st, "startup") for spec in self.startup_specs)
         return out
 
@@ -85,7 +95,7 @@ def _workload(sc: Scenario, seed: int, settings: Settings) -> Workload | fluid.F
     w = cache.get(key)
     if w is None:
         cache.clear()  # tasks come grouped by (scenario, seed): keep one
-        prof, calib = _STATE["profile"], _STATE["calib"]
+        prof, calib = sc.profile_for(_STATE["profile"]), _STATE["calib"]
         if settings.engine == "fluid":
             w = fluid.FluidWorkload(sc, seed, prof, calib, CACHE_UNIT_TOKENS)
         else:
@@ -104,11 +114,14 @@ def run_task(task: Task) -> Result:
         res = fluid.run_oracle(w, st, curve) if st.engine == "fluid" else run_oracle(w, st)
     else:
         startup = st.startup_median_s or task.scenario.startup_median_s or prof.startup.median
-        policy = build(task.spec, calib, startup, st.sla_tokens_per_s)
-        if st.engine == "fluid":
-            res = fluid.FluidSimulation(w, policy, st, curve).run()
+        if task.spec.family == BOUND:
+            policy = bound.StartupAwareBound(w.oracle_steps, task.scenario.warmup_s)
         else:
-            res = Simulation(w, policy, st).run()
+            policy = build(task.spec, calib, startup, st.sla_tokens_per_s)
+        sim = fluid.FluidSimulation(w, policy, st, curve) if st.engine == "fluid" else Simulation(w, policy, st)
+        if isinstance(policy, bound.StartupAwareBound):
+            policy.attach(sim.fleet)  # it knows each order's start-up: the same stream the fleet draws from
+        res = sim.run()
         res.policy = task.spec.label
         res.variant = task.spec.variant
     res.oracle_gpu_hours = w.oracle_gpu_hours

@@ -20,17 +20,54 @@ import json
 import math
 import random
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flashserve_testbed import traces
 from flashserve_testbed.engine.profile import LogNormal, Profile
+from flashserve_testbed.engine.profile import Workload as ProfileWorkload
 
 # Time an agent spends in its tool between two turns (file reads in well under a second, test runs in tens of
 # seconds): median 4 s, mean ~6.6 s, long tail.
 TOOL_GAP = LogNormal(median=4.0, sigma=1.0, minimum=0.3, maximum=180.0)
 MOONCAKE_BLOCK_TOKENS = 512
 SESSION_ID_SHIFT = 24  # unit ids of a session's private blocks: (sid << 24) | unit index
+
+
+@dataclass(frozen=True)
+class SessionOverrides:
+    """A scenario's changes to the session model and the engine profile (None: the profile's own)."""
+
+    context_limit: tuple[int, int] | None = None
+    system_prompt_tokens: int | None = None
+    first_turn_tokens: LogNormal | None = None
+    tool_result_tokens: LogNormal | None = None
+    output_tokens: LogNormal | None = None
+    tool_gap: LogNormal | None = None
+    max_model_len: int | None = None
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, f) is None for f in self.__dataclass_fields__)
+
+    def apply(self, profile: Profile) -> Profile:
+        w = profile.workload
+        wl = ScenarioWorkload(
+            output_tokens=self.output_tokens or w.output_tokens,
+            shared_system_prompt_tokens=(w.shared_system_prompt_tokens if self.system_prompt_tokens is None
+                                         else self.system_prompt_tokens),
+            first_turn_tokens=self.first_turn_tokens or w.first_turn_tokens,
+            tool_result_tokens=self.tool_result_tokens or w.tool_result_tokens,
+            session_context_limit=self.context_limit or w.session_context_limit,
+            tool_gap=self.tool_gap or getattr(w, "tool_gap", TOOL_GAP),
+        )  # fmt: skip
+        return replace(profile, workload=wl, max_model_len=self.max_model_len or profile.max_model_len)
+
+
+@dataclass(frozen=True)
+class ScenarioWorkload(ProfileWorkload):
+    """The profile's workload with a scenario's tool gaps (the profile's own has none: TOOL_GAP)."""
+
+    tool_gap: LogNormal = TOOL_GAP
 
 
 @dataclass(frozen=True)
@@ -59,6 +96,12 @@ class Scenario:
     """Path of a Mooncake JSONL trace to replay instead of synthetic sessions."""
     startup_median_s: float | None = None
     """Median replica start-up; None: the engine profile's (7 min for the default profile)."""
+    sessions: SessionOverrides | None = None
+    """Changes to the session model and profile (scenario files' `sessions:` and `profile:`)."""
+
+    def profile_for(self, profile: Profile) -> Profile:
+        """The engine profile this scenario runs on: `profile` with the scenario's overrides."""
+        return profile if self.sessions is None else self.sessions.apply(profile)
 
     def multiplier(self, t: float) -> float:
         k = self.knots
@@ -88,49 +131,11 @@ class Scenario:
 MIN = 60.0
 HOUR = 3600.0
 
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario(
-            name="agentic-bursty",
-            description="steady agentic coding traffic with a slow +-15% wander and CI fan-outs: about four "
-            "bursts an hour, each starting 1.5 minutes' worth of sessions within a minute",
-            duration_s=75 * MIN,
-            base_replicas=2.4,
-            drift=0.15,
-            drift_period_s=60 * MIN,
-            bursts_per_hour=4.0,
-            burst_minutes=1.5,
-            burst_spread_s=60.0,
-        ),
-        Scenario(
-            name="diurnal",
-            description="a workday compressed into 100 minutes: night level, a morning ramp to 2.6x over 35 "
-            "minutes, a plateau, an evening decline to half the peak (ramps ~5x steeper than a real day)",
-            duration_s=100 * MIN,
-            base_replicas=1.4,
-            knots=((0, 1.0), (15 * MIN, 1.0), (50 * MIN, 2.6), (70 * MIN, 2.6), (100 * MIN, 1.3)),
-        ),
-        Scenario(
-            name="flash-crowd",
-            description="steady traffic, then a flash crowd: the session rate jumps 2.5x within two minutes "
-            "at 15 min, holds for 25 minutes and decays over the next 15",
-            duration_s=75 * MIN,
-            base_replicas=1.6,
-            knots=((0, 1.0), (15 * MIN, 1.0), (17 * MIN, 2.5), (42 * MIN, 2.5), (48 * MIN, 1.6), (57 * MIN, 1.0)),
-        ),
-    )
-}
+# The built-in scenarios are data: bench/scenarios/NAME.yaml, read by the `--scenario-file` reader.
+from flashserve_testbed.bench import scenario_file as _files  # noqa: E402  (it builds Scenarios of this module)
 
-QUICK_SCENARIO = Scenario(
-    name="quick-flash",
-    description="CI smoke scenario: 20 minutes, a 2x flash crowd at 6 min, 2-minute start-up",
-    duration_s=20 * MIN,
-    base_replicas=0.8,
-    knots=((0, 1.0), (6 * MIN, 1.0), (7 * MIN, 2.0), (13 * MIN, 2.0), (16 * MIN, 1.0)),
-    warmup_s=180.0,
-    startup_median_s=120.0,
-)
+SCENARIOS: dict[str, Scenario] = {n: _files.builtin(n) for n in _files.BUILTIN_FILES}
+QUICK_SCENARIO = _files.builtin(_files.QUICK_FILE)
 
 DAY_SCENARIO = Scenario(
     name="day",
@@ -150,7 +155,7 @@ class Session:
     """One agentic session: its turns are drawn from its own stream, independent of timing."""
 
     __slots__ = ("sid", "rng", "w", "unit", "sys_units", "limit", "context", "turns", "hashes", "max_len",
-                 "replica", "inflight", "done")  # fmt: skip
+                 "replica", "inflight", "done", "gaps")  # fmt: skip
 
     def __init__(self, sid: int, seed: int, profile: Profile, unit: int, max_model_len: int) -> None:
         self.sid = sid
@@ -167,6 +172,7 @@ class Session:
         self.replica = None  # the router's affinity
         self.inflight = False
         self.done = False
+        self.gaps = getattr(self.w, "tool_gap", TOOL_GAP)
 
     def next_turn(self) -> tuple[int, int] | None:
         """(prompt tokens, output tokens) of the next turn, or None when the session is over."""
@@ -191,7 +197,7 @@ class Session:
 
     def gap(self, finished_at: float | None = None) -> float:
         """Seconds the agent's tool runs before its next turn."""
-        return TOOL_GAP.draw(self.rng)
+        return self.gaps.draw(self.rng)
 
     def block_hashes(self) -> list[int]:
         """Cache-unit ids covering the conversation so far (prompt and output of the last turn): the shared
