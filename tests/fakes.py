@@ -36,7 +36,8 @@ from tests.builders import NS
 
 WATCHED = {"StatefulSet": "statefulsets", "Service": "services", "PodDisruptionBudget": "pdbs",
            "NetworkPolicy": "netpols", "Deployment": "deployments", "ServiceAccount": "serviceaccounts",
-           "Role": "roles", "RoleBinding": "rolebindings", "InferencePool": "inferencepools"}  # fmt: skip
+           "Role": "roles", "RoleBinding": "rolebindings", "InferencePool": "inferencepools",
+           "DaemonSet": "daemonsets", "Job": "jobs"}  # fmt: skip
 SERVING_KIND = "DeepSeekServing"  # the kind `errors` keys a status patch under
 
 

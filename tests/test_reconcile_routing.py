@@ -186,3 +186,43 @@ def test_the_operator_namespace_reaches_the_engines_policy(events, clock):
     peers = [p for r in rules for p in r["from"]]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}} in peers
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "flashserve-system"}}} not in peers
+
+
+def test_the_startup_children_are_made_restored_renamed_and_deleted(events, clock):
+    """spec.startup's prefetch (a DaemonSet for a node-local cache, a Job for a shared one) and the image
+    pre-pull are children like the router's: made, made again when deleted, and gone when turned off. A Job's pod
+    template cannot change, so a new model makes a Job under a new name and the old one is deleted."""
+    kube, c, status = settled({"replicas": 1}, clock)
+    local = {"replicas": 1, "startup": {"weightsCache": {"scope": "NodeLocal", "claimName": "weights"},
+                                        "imagePrepull": {"enabled": True}}}  # fmt: skip
+    reconcile(c, kube, body("flash", local, status=status))
+    made = {o for o in rendered(local) if o[0] == "DaemonSet"}
+    assert len(made) == 2 and made <= present(kube)
+    clock.advance(RECENT_WRITE_S + 1)
+    kube.calls.clear()
+    (_, prefetch) = sorted(made)[0]
+    del kube.objects[("DaemonSet", NS, prefetch)]
+    handlers.child_deleted(c, "DaemonSet", NS, prefetch, {})
+    reconcile(c, kube, body("flash", local, status=status))
+    assert ("DaemonSet", prefetch) in applied(kube)
+
+    shared = {"replicas": 1, "startup": {"weightsCache": {"scope": "Shared", "claimName": "weights"}}}
+    clock.advance(RECENT_WRITE_S + 1)
+    kube.calls.clear()
+    reconcile(c, kube, body("flash", shared, status=status))
+    (job,) = [n for k, n in rendered(shared) if k == "Job"]
+    assert ("Job", job) in applied(kube)
+    assert sorted(n for k, n in deleted(kube) if k == "DaemonSet") == sorted(n for _, n in made)
+
+    revised = {"replicas": 1, "model": {"revision": "abc123"}, "startup": shared["startup"]}
+    clock.advance(RECENT_WRITE_S + 1)
+    kube.calls.clear()
+    reconcile(c, kube, body("flash", revised, status=status))
+    (job2,) = [n for k, n in rendered(revised) if k == "Job"]
+    assert job2 != job and ("Job", job2) in applied(kube) and ("Job", job) in deleted(kube)
+
+    clock.advance(RECENT_WRITE_S + 1)
+    kube.calls.clear()
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert ("Job", job2) in deleted(kube)
+    assert not {k for k, _ in present(kube)} & {"DaemonSet", "Job"}

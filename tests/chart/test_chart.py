@@ -39,6 +39,8 @@ NAMESPACED_ACCESS = {
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "patch", "delete"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("apps", "daemonsets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch", "delete"},
@@ -49,7 +51,7 @@ NAMESPACED_ACCESS = {
 # Kinds the reconciler deletes (plan.py: groups beyond replicas, pods of a group in a rollout, a NetworkPolicy
 # turned off, children under the names of an earlier version).
 DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy", "PodDisruptionBudget",
-                 "Deployment", "ServiceAccount", "Role", "RoleBinding", "InferencePool"}  # fmt: skip
+                 "Deployment", "ServiceAccount", "Role", "RoleBinding", "InferencePool", "DaemonSet", "Job"}  # fmt: skip
 
 
 # A serving that makes the renderer produce every kind it can: multi-node groups with a ComputeDomain, and
@@ -59,7 +61,8 @@ _FULL_SERVING = {
     "metadata": {"name": "flash", "namespace": "team-a", "uid": "0b9f7d3e-5c1a-4e8b-9d2f-6a4c3b2e1f00"},
     "spec": {"parallelism": {"nodesPerReplica": 2}, "networkPolicy": {"enabled": True},
              "placement": {"accelerator": "GB200", "computeDomain": {"enabled": True}},
-             "routing": {"inferencePool": {"enabled": True}}},
+             "routing": {"inferencePool": {"enabled": True}},
+             "startup": {"weightsCache": {"scope": "NodeLocal", "claimName": "weights"}, "imagePrepull": {"enabled": True}}},
 }  # fmt: skip
 
 
@@ -150,7 +153,10 @@ def test_namespaced_rules_match_what_the_code_does(render):
     def need(group: str, resource: str, *verbs: str) -> None:
         needed.setdefault((group, resource), set()).update(verbs)
 
-    children = render_serving(_FULL_SERVING)
+    # The shared weights cache is filled by a Job, the node-local one by a DaemonSet: one serving of each.
+    shared_cache = {**_FULL_SERVING, "spec": {**_FULL_SERVING["spec"], "startup": {
+        "weightsCache": {"scope": "Shared", "claimName": "weights"}}}}  # fmt: skip
+    children = render_serving(_FULL_SERVING) + render_serving(shared_cache)
     applied = {(o["apiVersion"], o["kind"]) for o in children}
     if any(ref.get("blockOwnerDeletion") for o in children for ref in o["metadata"].get("ownerReferences", [])):
         # OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion needs update on the owner's finalizers.

@@ -111,6 +111,14 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
   resources: ["deployments"]
   # one vllm-router Deployment per serving (spec.routing), deleted when routing is turned off
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["apps"]
+  resources: ["daemonsets"]
+  # spec.startup: the node-local weights prefetch and the image pre-pull, deleted when turned off
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  # spec.startup: the shared weights cache's fill Job; a changed one is a new Job, the old one is deleted
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   # the router's identity, one per serving

@@ -114,6 +114,20 @@ async def fs_inferencepools(namespace: str, labels: dict, body: kopf.Body, **_: 
     return {key: slim(body)} if key else None
 
 
+@kopf.index("apps", "v1", "daemonsets", labels=MANAGED)
+async def fs_daemonsets(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
+@kopf.index("batch", "v1", "jobs", labels=MANAGED)
+async def fs_jobs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
 @kopf.index("", "v1", "pods", labels=MANAGED)
 async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
@@ -136,6 +150,8 @@ CHILD_RESOURCES = {
     ("rbac.authorization.k8s.io", "v1", "roles"): "Role",
     ("rbac.authorization.k8s.io", "v1", "rolebindings"): "RoleBinding",
     ("inference.networking.k8s.io", "v1", "inferencepools"): "InferencePool",
+    ("apps", "v1", "daemonsets"): "DaemonSet",
+    ("batch", "v1", "jobs"): "Job",
 }
 MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 
@@ -181,6 +197,8 @@ async def serving_event(
     fs_roles: kopf.Index,
     fs_rolebindings: kopf.Index,
     fs_inferencepools: kopf.Index,
+    fs_daemonsets: kopf.Index,
+    fs_jobs: kopf.Index,
     **_: Any,
 ) -> None:
     key = (namespace, serving_label_value(name))
@@ -198,7 +216,7 @@ async def serving_event(
     _bodies[key] = copy.deepcopy(dict(body))
     if key not in _workers or _workers[key].done():
         indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods, fs_netpols, fs_deployments, fs_serviceaccounts,
-                   fs_roles, fs_rolebindings, fs_inferencepools)  # fmt: skip
+                   fs_roles, fs_rolebindings, fs_inferencepools, fs_daemonsets, fs_jobs)  # fmt: skip
         # Children made by earlier versions may carry the label value those gave; the reconciler keeps only
         # the ones this serving owns.
         keys = [key, legacy]
@@ -211,7 +229,8 @@ async def serving_event(
 
 def _observed(keys: list[tuple[str, str]], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index,
               netpols: kopf.Index, deployments: kopf.Index, serviceaccounts: kopf.Index, roles: kopf.Index,
-              rolebindings: kopf.Index, inferencepools: kopf.Index) -> Observed:  # fmt: skip
+              rolebindings: kopf.Index, inferencepools: kopf.Index, daemonsets: kopf.Index,
+              jobs: kopf.Index) -> Observed:  # fmt: skip
     def items(index: kopf.Index) -> list:
         return [item for key in dict.fromkeys(keys) for item in index.get(key, [])]
 
@@ -229,6 +248,8 @@ def _observed(keys: list[tuple[str, str]], sts: kopf.Index, svcs: kopf.Index, pd
         roles=by_name(roles),
         rolebindings=by_name(rolebindings),
         inferencepools=by_name(inferencepools),
+        daemonsets=by_name(daemonsets),
+        jobs=by_name(jobs),
     )
 
 

@@ -28,6 +28,8 @@ _PATHS = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}",
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains/{name}",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+    ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{ns}/daemonsets/{name}",
+    ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{ns}/jobs/{name}",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts/{name}",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",

@@ -47,13 +47,16 @@ class Observed:
     roles: dict[str, dict] = field(default_factory=dict)
     rolebindings: dict[str, dict] = field(default_factory=dict)
     inferencepools: dict[str, dict] = field(default_factory=dict)
+    # spec.startup's weights prefetch and image pre-pull, by name
+    daemonsets: dict[str, dict] = field(default_factory=dict)
+    jobs: dict[str, dict] = field(default_factory=dict)
 
     def by_kind(self) -> dict[str, dict[str, dict]]:
         """The observed children of each kind the controller watches, by name (pods aside)."""
         return {"StatefulSet": self.statefulsets, "Service": self.services, "PodDisruptionBudget": self.pdbs,
                 "NetworkPolicy": self.netpols, "Deployment": self.deployments,
                 "ServiceAccount": self.serviceaccounts, "Role": self.roles, "RoleBinding": self.rolebindings,
-                "InferencePool": self.inferencepools}  # fmt: skip
+                "InferencePool": self.inferencepools, "DaemonSet": self.daemonsets, "Job": self.jobs}  # fmt: skip
     # Not from the watches: what the reconciler gathered before planning, so that the plan stays pure.
     now: float = 0.0  # wall clock, seconds since the epoch (drain times are wall-clock annotations)
     in_flight: dict[str, int | None] = field(default_factory=dict)  # pod -> running + waiting requests it
@@ -98,6 +101,8 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         roles={n: s for n, s in observed.roles.items() if mine(s)},
         rolebindings={n: s for n, s in observed.rolebindings.items() if mine(s)},
         inferencepools={n: s for n, s in observed.inferencepools.items() if mine(s)},
+        daemonsets={n: s for n, s in observed.daemonsets.items() if mine(s)},
+        jobs={n: s for n, s in observed.jobs.items() if mine(s)},
         now=observed.now,
         in_flight=dict(observed.in_flight),
     )

@@ -418,7 +418,9 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
     # (or of earlier names), handled below.
     wanted = {(o["kind"], o["metadata"]["name"]) for o in shared}
     router = router_name(name)
-    for kind in ROUTER_KINDS + ("InferencePool",):
+    # spec.startup's DaemonSets and Jobs likewise: a Job's pod template cannot change, so a changed prefetch
+    # is a Job under a new name (renderer) and the old one goes here.
+    for kind in ROUTER_KINDS + ("InferencePool", "DaemonSet", "Job"):
         out.delete += [(kind, n) for n in sorted(observed.by_kind()[kind]) if (kind, n) not in wanted]
     if ("PodDisruptionBudget", router) not in wanted and router in observed.pdbs:
         out.delete.append(("PodDisruptionBudget", router))

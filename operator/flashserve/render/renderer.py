@@ -399,7 +399,7 @@ def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
 
 
 def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:
-    """Objects shared by all groups: the client Service, the engines' PodDisruptionBudget, [their
+    """Objects shared by all groups (spec.startup's prefetch and pre-pull included): the client Service, the engines' PodDisruptionBudget, [their
     NetworkPolicy], [the router: ServiceAccount, Role, RoleBinding, Deployment, its PodDisruptionBudget and
     NetworkPolicy], [an InferencePool]. `operator_namespace` is where the operator runs (its pods may reach
     the engines' API port)."""
@@ -447,7 +447,7 @@ def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMES
         picker = routing.inference_pool.endpoint_picker_ref
         out.append(_render("inferencepool.yaml.j2", **ctx, pool=inference_pool_name(name),
                            pool_selector=serve_selector(name), picker=picker.dump() if picker else None))  # fmt: skip
-    return out
+    return out + render_startup(obj)
 
 
 def render_startup(obj: DeepSeekServing) -> list[dict]:
@@ -464,7 +464,7 @@ def render_serving(obj: DeepSeekServing, replicas: int | None = None,
     out: list[dict] = []
     for i in range(count):
         out += render_group(obj, i)
-    return out + render_shared(obj, operator_namespace) + render_startup(obj)
+    return out + render_shared(obj, operator_namespace)
 
 
 def render(cr: dict, operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:
