@@ -78,8 +78,8 @@ def suite_runs(suite: str, args) -> list[Run]:
     if suite == "replicas":
         out = []
         for policy in ("consistent_hash", "sticky_least_loaded", "cache_aware"):
-            out += [Run(f"{policy}, 1 router", "router", policy),
-                    Run(f"{policy}, 2 routers", "router", policy, routers=2)]
+            out += [Run(f"{policy} / 1 router", "router", policy),
+                    Run(f"{policy} / 2 routers", "router", policy, routers=2)]
         return out
     return []
 
@@ -151,7 +151,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
             base = engines[0].url + "/v1"
         report = asyncio.run(_load(base, sessions, args.seconds, args.profile, seed))
         texts = [e.metrics() for e in engines]
-        router_metrics = "\n".join(r.metrics() for r in routers)
+        router_metrics = [r.metrics() for r in routers]
     finally:
         for router in routers:
             router.stop()
@@ -163,15 +163,15 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
     queries = sum(mf.counter(t, "vllm:prefix_cache_queries_total") for t in texts)
     per_engine = [mf.counter(t, "vllm:request_success_total") for t in texts]
     s = report.summary()
-    renders = sum(mf.samples(router_metrics, "vllm_router_kv_routing_inputs_total").values())
-    decisions = mf.samples(router_metrics, "vllm_router_prefix_routing_decisions_total")
+    inputs = _summed(router_metrics, "vllm_router_kv_routing_inputs_total")
+    renders = sum(inputs.values())
+    decisions = _summed(router_metrics, "vllm_router_prefix_routing_decisions_total")
     out = {
         "run": run.name, "engines": n, "routers": run.routers if run.route == "router" else 0,
         "sessions": sessions, "requests": s["requests"], "ok": s["ok"],
         "errors": s["errors"], "hit_rate": hits / queries if queries else None, "requests_per_engine": per_engine,
         "ttft_p50": s["ttft_seconds"]["p50"], "ttft_p99": s["ttft_seconds"]["p99"],
-        "router_token_inputs": {k: v for k, v in mf.samples(router_metrics,
-                                                           "vllm_router_kv_routing_inputs_total").items()},
+        "router_token_inputs": inputs,
         "prefix_decisions": decisions, "router_token_input_calls": renders,
     }
     if run.replay:
@@ -180,8 +180,21 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
         urls = [e.url for e in engines]
         # the load generator's session ids, served where the binary sent them
         sim = replay(report.records, urls, args.profile, seed=seed)
-        out["sim"] = {"requests_per_engine": sim.requests_per_engine, "hit_rate": sim.hit_rate}
+        # the same with the prefix cache resolved to the mock's KV blocks instead of the benchmark's 512-token
+        # units: what is left of the difference is the router model's, not the cache's granularity
+        fine = replay(report.records, urls, args.profile, seed=seed, cache_unit=0)  # 0: one key per KV block
+        out["sim"] = {"requests_per_engine": sim.requests_per_engine, "hit_rate": sim.hit_rate,
+                      "hit_rate_block_units": fine.hit_rate}
         out["client_cached_fraction"] = s["cached_fraction"]
+    return out
+
+
+def _summed(texts: list[str], name: str) -> dict[str, float]:
+    """label string -> value of one metric, summed over several routers' metrics."""
+    out: dict[str, float] = {}
+    for text in texts:
+        for k, v in mf.samples(text, name).items():
+            out[k] = out.get(k, 0.0) + v
     return out
 
 
@@ -313,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'  simulator, router model, same requests':38} {shit:>8} "
                       f"{_shares(sim['requests_per_engine']):>18}  (hit rate {100 * ((sim['hit_rate'] or 0) - (r['hit_rate'] or 0)):+.1f} "
                       f"points; spread max |diff| {max(abs(a - b) for a, b in zip(real, pred)):.1f} points)", flush=True)
+                fh = sim["hit_rate_block_units"]
+                print(f"{'  the same, cache in KV blocks':38} {'-' if fh is None else f'{100 * fh:.1f}%':>8} "
+                      f"{'':>18}  (hit rate {100 * ((fh or 0) - (r['hit_rate'] or 0)):+.1f} points)", flush=True)
         for policy in filter(None, args.overhead_policies.split(",") if "overhead" in args.suite else ()):
             o = overhead(args, work, policy)
             results["overhead"].append(o)

@@ -40,17 +40,21 @@ class Replay:
     hit_rate: float | None
 
 
-def replay(records: list[RequestRecord], urls: list[str], profile: str, sla: float = 100.0,
-           seed: int = 1) -> Replay:  # fmt: skip
+def replay(records: list[RequestRecord], urls: list[str], profile: str, sla: float = 100.0, seed: int = 1,
+           cache_unit: int | None = None) -> Replay:  # fmt: skip
     """Route `records` (one run of `run_load`) with the simulator's router model over `urls` and serve them
-    with its engine model; per-engine request counts (in `urls` order) and the prefix-cache hit rate."""
+    with its engine model; per-engine request counts (in `urls` order) and the prefix-cache hit rate.
+    `cache_unit`: the prefix cache's unit in tokens (default the benchmark's, CACHE_UNIT_TOKENS; 0: one per
+    KV block, as the mock engine and vLLM cache)."""
     prof = load_profile(profile)
     fleet = Fleet(prof, sla, seed, all_ranks=True, routing="router")
+    if cache_unit is not None:
+        fleet.cfg.cache_unit_tokens = cache_unit
     groups = [fleet.order(0.0, ready=True) for _ in urls]
     for g, url in zip(groups, urls):
         g.pod = url  # the ring's worker ids: the binary's worker URLs
     fleet._set_ready()
-    unit = fleet.cfg.cache_unit_tokens
+    unit = fleet.cfg.cache_unit_tokens or fleet.cfg.block_size
     sys_units = prof.workload.shared_system_prompt_tokens // unit
     sessions: dict[int, _Session] = {}
     counts = dict.fromkeys(urls, 0)
@@ -59,12 +63,12 @@ def replay(records: list[RequestRecord], urls: list[str], profile: str, sla: flo
             for r in g.ranks:
                 r.engine.advance(rec.start)
         s = sessions.setdefault(rec.session, _Session(rec.session, sys_units=sys_units))
-        s.units = rec.prompt_tokens // unit
+        out = max(1, rec.completion_tokens)
+        s.units = (rec.prompt_tokens + out) // unit  # the answer is cached too: the next turn starts with it
         rank = fleet.route_session(s)
         counts[rank.group.pod] += 1
-        out = max(1, rec.completion_tokens)
         rank.engine.add_request(None, rec.prompt_tokens, out, rec.start, block_hashes=s.block_hashes(),
-                                hashes_chained=True)  # fmt: skip
+                                hashes_cover_output=True, hashes_chained=True)  # fmt: skip
     end = max((r.start for r in records), default=0.0) + 600.0  # schedule what is still waiting
     for g in groups:
         for r in g.ranks:
