@@ -154,8 +154,14 @@ def test_report_keeps_routing_models_apart_and_reads_files_written_before_them(t
     from dataclasses import replace
 
     from flashserve_testbed.bench import report
+    from flashserve_testbed.bench.measures import Result
 
-    from .test_report import _run
+    def _run(policy, seed, attainment, gpu_hours, **kw):
+        return Result(policy=policy, scenario="flash-crowd", seed=seed, attainment=attainment, speed_p90=110.0,
+                      speed_p50=120.0, ttft_p90_s=0.05, gpu_hours=gpu_hours, tokens_per_dollar=4.5e8,
+                      output_tokens_per_dollar=3.5e6, scale_actions=4, replicas_mean=2.5, replicas_max=5,
+                      requests=1000, unfinished=0, output_tokens=10**6, sim_seconds=4500.0, cpu_seconds=30.0,
+                      **kw)  # fmt: skip
 
     runs = [_run("flashserve", 1, 0.99, 20.0, prefix_hit_rate=0.84),
             _run("flashserve", 1, 0.93, 40.0, routing="service", prefix_hit_rate=0.5)]  # fmt: skip
