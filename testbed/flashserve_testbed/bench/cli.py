@@ -3,6 +3,7 @@
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
                                [--scenario-file FILE.yaml ...]
+                               [--routing service|affinity|router ...]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
     flashserve bench compare A.csv B.csv [--plot PNG]
@@ -16,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 USAGE = """usage: flashserve bench COMMAND [ARGS...]
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from flashserve_testbed.bench.policies import FAMILIES
+    from flashserve_testbed.bench.routing import ROUTINGS
     from flashserve_testbed.bench.workloads import SCENARIOS
 
     p = argparse.ArgumentParser(prog="flashserve bench autoscale", description=__doc__.split("\n")[0])
@@ -102,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("model", "fluid"), default=None,
                    help="model: every request through the engine model (default; --heldout: fluid); fluid: the fluid model, "
                    "~100x faster, validated against the model in docs/autoscaling-benchmark.md")
+    p.add_argument("--routing", nargs="+", choices=ROUTINGS, default=["affinity"], metavar="MODEL",
+                   help="how a request picks its replica, one table row set per model (default affinity): "
+                   "service (random per request, a plain Service), affinity (session affinity with bounded "
+                   "load), router (vllm-router's consistent_hash on X-Session-ID, the operator's default); "
+                   "sweeps run with the first")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--decision-log", metavar="DIR",
                    help="write FlashServe's decisions (reason, readings) per run as JSON lines here")
@@ -137,6 +145,11 @@ def autoscale(argv: list[str]) -> int:
     if args.engine == "fluid" and (args.trace or args.all_ranks):
         print("flashserve bench autoscale: --engine fluid replays synthetic sessions on one representative rank "
               "per replica; drop --trace/--all-ranks or use --engine model", file=sys.stderr)  # fmt: skip
+        return 2
+    routings = list(dict.fromkeys(args.routing))
+    if args.engine == "fluid" and routings != ["affinity"]:
+        print("flashserve bench autoscale: --routing: the fluid model keeps session affinity only; use "
+              "--engine model for --routing service or router", file=sys.stderr)  # fmt: skip
         return 2
     try:
         profile = load_profile(args.profile)
@@ -195,7 +208,7 @@ def autoscale(argv: list[str]) -> int:
     table = [s for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
                         all_ranks=args.all_ranks, decisions=bool(args.decision_log),
-                        engine=args.engine)  # fmt: skip
+                        engine=args.engine, routing=routings[0])  # fmt: skip
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
                 timeline_scenario=scenarios[0].name, timeline_seed=seeds[0], bound=not args.no_bound)  # fmt: skip
     if not args.quick and not args.no_sweep:
@@ -216,13 +229,17 @@ def autoscale(argv: list[str]) -> int:
     if progress:
         progress(f"SLA capacity: {calib.capacity_per_replica:.0f} concurrent requests per replica "
                  f"({calib.capacity_per_rank:.1f} per GPU) at {calib.target_attainment:.0%} token-weighted "
-                 f"attainment of {args.sla:g} tok/s; {len(plan.tasks())} runs")  # fmt: skip
+                 f"attainment of {args.sla:g} tok/s; "
+                 f"{len(plan.tasks()) + (len(routings) - 1) * len(scenarios) * len(seeds) * (len(table) + 1)} runs")  # fmt: skip
     curve = None
     if args.engine == "fluid":
         from flashserve_testbed.bench.fluid import build_curve
 
         curve = build_curve(profile, args.sla, progress=progress)
     results = execute(plan, profile, calib, jobs=max(1, args.jobs), progress=progress, curve=curve)
+    for routing in routings[1:]:  # the table's runs again under each further routing model (no sweeps)
+        again = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=replace(settings, routing=routing))
+        results += execute(again, profile, calib, jobs=max(1, args.jobs), progress=progress, curve=curve)
     if args.decision_log:
         _write_decisions(Path(args.decision_log), results)
     recs = report.records(results)

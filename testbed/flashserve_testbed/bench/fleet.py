@@ -1,4 +1,4 @@
-"""The serving fleet: replica groups with a start-up lifecycle, a router with session affinity, and billing.
+"""The serving fleet: replica groups with a start-up lifecycle, a router (the `--routing` setting), and billing.
 
 A group is what `spec.replicas` counts (one vLLM replica of `engines_per_replica` data-parallel ranks). It is
 ordered at some time, holds its GPUs from then on, spends its start-up time Pending (node provisioning, image
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from flashserve.render.vllm_args import itl_buckets
 
+from flashserve_testbed.bench.routing import HashRing, Routing, fbi_hash, session_key
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 from flashserve_testbed.engine.profile import Profile
 
@@ -90,8 +91,15 @@ class FleetCounts:
 
 class Fleet:
     def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
-                 all_ranks: bool = False, engines: bool = True) -> None:  # fmt: skip
+                 all_ranks: bool = False, engines: bool = True, routing: Routing = "affinity") -> None:  # fmt: skip
+        if routing not in ("service", "affinity", "router"):
+            raise ValueError(f"routing: {routing!r} is not a routing model: choose service, affinity or router")
         self.profile = profile
+        self.routing = routing
+        self.route_rng = random.Random(seed * 7919 + 3)  # `service`: kube-proxy's random endpoint per request
+        self.ring = HashRing()  # `router`: vllm-router's consistent-hash ring over the ready (serve) pods
+        self.by_pod: dict[str, Group] = {}
+        self.key_hash: dict[int, int] = {}  # session id -> its X-Session-ID's ring position
         self.engines = engines
         """False: groups get no engine model (the fluid model keeps their state itself)."""
         self.n_ranks = profile.engines_per_replica if all_ranks else 1
@@ -131,7 +139,15 @@ class Fleet:
             cfg = EngineConfig(**{**self.cfg.__dict__})
             eng = Engine(self.profile, seed=(self.seed * 1000 + g.serial) * 16 + i, config=cfg)
             g.ranks.append(Rank(g, i, eng))
+        self._set_ready()
+
+    def _set_ready(self) -> None:
+        """The groups that take new requests; for `router`, also the ring's worker set: the router's pod
+        discovery adds a pod when it is ready and drops it when its routing label turns `drain` (or it goes)."""
         self.ready_list = [x for x in self.active if x.state == READY]
+        if self.routing == "router":
+            self.ring.update([g.pod for g in self.ready_list])
+            self.by_pod = {g.pod: g for g in self.ready_list}
 
     def remove_last(self, now: float) -> Group:
         g = self.active.pop()
@@ -143,7 +159,7 @@ class Fleet:
             self.draining.append(g)
             if g.inflight == 0:
                 self.finish_drain(g, now)
-        self.ready_list = [x for x in self.active if x.state == READY]
+        self._set_ready()
         return g
 
     def finish_drain(self, g: Group, now: float) -> None:
@@ -168,6 +184,37 @@ class Fleet:
 
     # ------------------------------------------------------------------ routing
     def route_session(self, s) -> Rank | None:
+        """The rank that serves a session's next turn, by the fleet's routing model (bench/routing.py)."""
+        if self.routing == "service":
+            return self._route_random(s.block_hashes())
+        if self.routing == "router":
+            return self._route_ring(s)
+        return self._route_affinity(s)
+
+    def _route_random(self, keys: list[int]) -> Rank | None:
+        ready = self.ready_list
+        if not ready:
+            return None
+        g = ready[self.route_rng.randrange(len(ready))]
+        return pick_rank(g.ranks, keys)
+
+    def _route_ring(self, s) -> Rank | None:
+        """vllm-router's consistent_hash on `X-Session-ID: s<sid>` (what the load generator sends): the ring's
+        owner of the key among the ready pods. `s.replica` follows it so that session counts stay right."""
+        if not self.ready_list:
+            return None
+        h = self.key_hash.get(s.sid)
+        if h is None:
+            h = self.key_hash[s.sid] = fbi_hash(session_key(f"s{s.sid}"))
+        g = self.by_pod[self.ring.lookup_hash(h)]
+        if s.replica is not g:
+            if s.replica is not None:
+                s.replica.sessions -= 1
+            g.sessions += 1
+            s.replica = g
+        return pick_rank(g.ranks, s.block_hashes())
+
+    def _route_affinity(self, s) -> Rank | None:
         """Session affinity with bounded load (consistent hashing with bounded loads): a session stays on its
         replica, where its prefix is cached, unless that replica is draining or carries more than
         AFFINITY_BOUND x the mean number of sessions; new and moved sessions go to the replica with the
@@ -188,10 +235,20 @@ class Fleet:
         if s.replica is not None:
             s.replica.sessions -= 1
             s.replica = None
+        self.key_hash.pop(s.sid, None)
 
     def route_prefix(self, keys: list[int]) -> Rank | None:
         """For trace replay (no session ids): the engine with the longest cached prefix among those within
         a small margin of the least loaded, as prefix-aware routers (and vLLM's DP balancer) do."""
+        if self.routing == "service":
+            return self._route_random(keys)
+        if self.routing == "router":
+            # no session id in a Mooncake trace: the router hashes each request on its own (its prompt-text
+            # fallback), which places requests on the ring independently of each other
+            if not self.ready_list:
+                return None
+            owner = self.ring.lookup_hash(self.route_rng.getrandbits(64))
+            return pick_rank(self.by_pod[owner].ranks, keys)
         ranks = [r for g in self.ready_list for r in g.ranks]
         if not ranks:
             return None

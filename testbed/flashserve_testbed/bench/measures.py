@@ -81,6 +81,10 @@ class Result:
     step_attainment: float | None = None
     """Share of decode steps (per request) whose inter-token latency met tokens-per-step / SLA: the
     token-level view the policy's ITL quantile reads, stricter than per-request speed."""
+    routing: str = "affinity"
+    """The simulator's routing model (service, affinity, router: bench/routing.py)."""
+    prefix_hit_rate: float | None = None
+    """Prefix-cache hit rate over the measured window: cached prompt tokens / prompt tokens, every engine."""
     timeline: dict | None = field(default=None, repr=False)
     decisions: list | None = field(default=None, repr=False)
     """FlashServe's decisions with their readings, when asked for (--decision-log)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from flashserve_testbed.bench.measures import Result, median
 from flashserve_testbed.bench.policies import FAMILIES
+from flashserve_testbed.bench.routing import ROUTINGS
 
 ORDER = ["oracle", "bound"] + [f for fam in FAMILIES for f in (fam, f"{fam}-tuned")]
 
@@ -38,22 +39,25 @@ def summarize_runs(runs: list[Result]) -> dict:
         "speed_p90": median([r.speed_p90 for r in runs]),
         "ttft_p90_s": median([r.ttft_p90_s for r in runs]),
         "step_attainment": median([r.step_attainment for r in runs if r.step_attainment is not None]),
+        "prefix_hit_rate": median([r.prefix_hit_rate for r in runs if r.prefix_hit_rate is not None]),
         "replicas_mean": median([r.replicas_mean for r in runs]),
         "runs": len(runs),
     }
 
 
 def records(results: list[Result]) -> list[dict]:
-    """One record per policy setting of the table: medians over every (scenario, seed) run, except
-    `gpu_hours`, the sum over scenarios of the per-scenario medians (the GPU-hours of the whole benchmark)."""
+    """One record per policy setting and routing model of the table: medians over every (scenario, seed) run,
+    except `gpu_hours`, the sum over scenarios of the per-scenario medians (the GPU-hours of the whole
+    benchmark)."""
     table = [r for r in results if r.kind == "table"]
-    by_policy: dict[str, list[Result]] = defaultdict(list)
+    by_policy: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for r in table:
-        by_policy[r.policy].append(r)
+        by_policy[(r.policy, r.routing)].append(r)
     out = []
-    for label in sorted(by_policy, key=_order):
-        runs = by_policy[label]
-        rec = {"policy": label, **summarize_runs(runs)}
+    for label, routing in sorted(by_policy, key=lambda k: (_order(k[0]), ROUTINGS.index(k[1])
+                                                           if k[1] in ROUTINGS else len(ROUTINGS), k[1])):
+        runs = by_policy[(label, routing)]
+        rec = {"policy": label, "routing": routing, **summarize_runs(runs)}
         per_sc: dict[str, list[Result]] = defaultdict(list)
         for r in runs:
             per_sc[r.scenario].append(r)
@@ -81,7 +85,12 @@ COLUMNS = (
     ("gpu_hours_vs_oracle", "x oracle", "{:.2f}"),
     ("tokens_per_dollar", "M tok/$", "{}"),
     ("scale_actions", "actions", "{:.0f}"),
+    ("prefix_hit_rate", "prefix hits", "{:.0%}"),
+    ("routing", "routing", "{}"),
 )
+
+
+_LABELS = ("policy", "routing")  # the record's own labels, the same in every per-scenario row
 
 
 def _cell(key: str, fmt: str, value) -> str:
@@ -94,13 +103,13 @@ def _cell(key: str, fmt: str, value) -> str:
 
 def markdown_table(recs: list[dict], per_scenario: str | None = None) -> str:
     head = "| " + " | ".join(h for _, h, _ in COLUMNS) + " |"
-    sep = "|" + "|".join("---" if k == "policy" else "---:" for k, _, _ in COLUMNS) + "|"
+    sep = "|" + "|".join("---" if k in _LABELS else "---:" for k, _, _ in COLUMNS) + "|"
     lines = [head, sep]
     for rec in recs:
         row = rec if per_scenario is None else rec.get("per_scenario", {}).get(per_scenario)
         if row is None:
             continue
-        cells = [rec["policy"] if k == "policy" else _cell(k, f, row.get(k)) for k, _, f in COLUMNS]
+        cells = [rec[k] if k in _LABELS else _cell(k, f, row.get(k)) for k, _, f in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -108,7 +117,7 @@ def markdown_table(recs: list[dict], per_scenario: str | None = None) -> str:
 def text_table(recs: list[dict]) -> str:
     rows = [[h for _, h, _ in COLUMNS]]
     for rec in recs:
-        rows.append([rec["policy"] if k == "policy" else _cell(k, f, rec.get(k)) for k, _, f in COLUMNS])
+        rows.append([rec[k] if k in _LABELS else _cell(k, f, rec.get(k)) for k, _, f in COLUMNS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for j, r in enumerate(rows):
@@ -143,6 +152,8 @@ def read_csv(path: str | Path) -> list[Result]:
         for n, row in enumerate(reader, start=2):
             values: dict = {}
             for name, kind in kinds.items():
+                if name not in columns:
+                    continue  # a column added after the file was written (e.g. routing): the field's default
                 raw = (row.get(name) or "").strip()
                 try:
                     if kind.endswith("| None") and raw == "":
@@ -161,7 +172,7 @@ def read_csv(path: str | Path) -> list[Result]:
 
 def run_key(r: Result) -> tuple:
     """What identifies a run: the same key in a later file is a rerun of it."""
-    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s)
+    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s, r.routing)
 
 
 def merge(*runs: list[Result]) -> list[Result]:

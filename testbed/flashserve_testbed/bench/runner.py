@@ -140,8 +140,9 @@ def execute(plan: Plan, profile: Profile, calib: Calibration, jobs: int = 1, pro
         if progress:
             eta = (time.monotonic() - t0) / done * (n - done)
             progress(
-                f"[{done}/{n}] {res.scenario} seed {res.seed} {res.policy:<22} "
-                f"attainment {res.attainment:6.2%}  GPU-h {res.gpu_hours:7.2f}  "
+                f"[{done}/{n}] {res.scenario} seed {res.seed} {res.policy:<22} {res.routing:<8} "
+                f"attainment {res.attainment:6.2%}  GPU-h {res.gpu_hours:7.2f}  prefix hits "
+                f"{'-' if res.prefix_hit_rate is None else f'{res.prefix_hit_rate:.1%}'}  "
                 f"actions {res.scale_actions:3d}  ({res.cpu_seconds:.1f} s CPU, ETA {eta / 60:.0f} min)"
             )
 

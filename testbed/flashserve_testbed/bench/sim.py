@@ -66,6 +66,9 @@ class Settings:
     """Simulate every data-parallel rank of a replica instead of one representative (4x the work)."""
     engine: str = "model"
     """model: every request through the engine model; fluid: the fluid model (bench/fluid.py, day-scale)."""
+    routing: str = "affinity"
+    """How a request picks its replica (bench/routing.py): service (random per request), affinity (session
+    affinity with bounded load) or router (vllm-router's consistent_hash on X-Session-ID)."""
 
 
 class OracleView:
@@ -174,7 +177,7 @@ class Simulation:
         startup = settings.startup_median_s if settings.startup_median_s is not None else self.sc.startup_median_s
         self.startup_median_s = startup if startup is not None else self.profile.startup.median
         self.fleet = Fleet(self.profile, settings.sla_tokens_per_s, workload.seed, startup, settings.all_ranks,
-                           engines=self.engines)
+                           engines=self.engines, routing=settings.routing)
         itl_bounds = self.fleet.cfg.buckets["inter_token_latency"]
         self.prom = Prometheus(tuple(itl_bounds), tuple(DEFAULT_TTFT_BUCKETS))
         self.heap: list = []
@@ -193,6 +196,7 @@ class Simulation:
         tps = self.profile.accepted_per_step(self.fleet.cfg.num_speculative_tokens)
         self.step_bound = bisect.bisect_left(itl_bounds, round(tps / settings.sla_tokens_per_s, 6) - 1e-12)
         self.step_base: dict[int, tuple[float, float]] | None = None
+        self.prefix_base: dict[str, tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ plumbing
     def push(self, t: float, kind: int, a=None, b=None) -> None:
@@ -303,6 +307,8 @@ class Simulation:
         self.prom.forget_old(now)
         if self.step_base is None and now >= self.off:
             self.step_base = {r.key: self.step_counts(r) for r in self.ranks()}
+            self.prefix_base = {r.key: (r.engine.stats.prefix_queries, r.engine.stats.prefix_hits)
+                                for r in self.ranks()}  # fmt: skip
         if self.s.timeline:
             self.record_timeline(now, running + waiting)
 
@@ -448,6 +454,8 @@ class Simulation:
             knob_value=self.policy.knob_value,
             startup_median_s=self.startup_median_s,
             step_attainment=self.step_attainment(),
+            routing=self.s.routing,
+            prefix_hit_rate=self.prefix_hit_rate(),
             timeline=self.timeline if self.s.timeline else None,
             decisions=self._decisions() if self.s.decisions else None,
             **summary,
@@ -476,6 +484,15 @@ class Simulation:
             ok += le - b[0]
             total += n - b[1]
         return ok / total if total > 0 else None
+
+    def prefix_hit_rate(self) -> float | None:
+        """vllm:prefix_cache_hits / queries (tokens) over the measured window, summed over every engine."""
+        queries = hits = 0.0
+        for r in (r for g in self.fleet.all for r in g.ranks):
+            q0, h0 = self.prefix_base.get(r.key, (0.0, 0.0))
+            queries += r.engine.stats.prefix_queries - q0
+            hits += r.engine.stats.prefix_hits - h0
+        return hits / queries if queries > 0 else None
 
     def oracle_target(self, now: float) -> int:
         """Perfect foresight, no start-up: the most the ideal demand needs over the next scrape interval plus

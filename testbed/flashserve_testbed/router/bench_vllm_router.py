@@ -1,5 +1,14 @@
 """vllm-router in front of mock engines, under the load generator's agentic sessions:
-`python -m flashserve_testbed.router.bench_vllm_router [--seconds 30] [--sessions 8] [--engines 3]`.
+`python -m flashserve_testbed.router.bench_vllm_router [--suite NAME ...] [--seconds 30] [--sessions 8] [--engines 3]`.
+
+Suites (default: policies and overhead):
+  * policies: the runs below;
+  * calibrate: consistent_hash through the real binary, then the simulator's `router` model (ring_replay.py)
+    on the same requests (same session ids, prompts, outputs and start times): hit rate and spread side by side;
+  * replicas: two router processes behind a random-per-request proxy (clients behind a Service without
+    affinity: consecutive requests of a session reach either router), for consistent_hash, sticky_least_loaded
+    and cache_aware, beside one router of each;
+  * overhead: the router's added TTFT (below), also from the engines' own TTFT histograms and the router's.
 
 Each run starts fresh engines (cold caches) and drives `--sessions` sessions per engine for `--seconds`:
   * through the real vllm-router, once per policy (and cache_aware with and without the engines' render route),
@@ -41,6 +50,8 @@ class Run:
     render: bool = True  # engines started with --enable-scale-out
     router_args: tuple[str, ...] = ()
     engines: int | None = None  # default: --engines
+    routers: int = 1  # more than one: a random-per-request proxy in front of them (a Service without affinity)
+    replay: bool = False  # also run the simulator's router model on the run's requests (calibrate)
 
 
 def runs(args) -> list[Run]:
@@ -54,6 +65,23 @@ def runs(args) -> list[Run]:
     out += [Run("service: random per request", "service"), Run("one engine, its share of sessions", "direct",
                                                                engines=1)]
     return out
+
+
+SUITES = ("policies", "calibrate", "replicas", "overhead")
+
+
+def suite_runs(suite: str, args) -> list[Run]:
+    if suite == "policies":
+        return runs(args)
+    if suite == "calibrate":
+        return [Run("calibrate: consistent_hash", "router", "consistent_hash", replay=True)]
+    if suite == "replicas":
+        out = []
+        for policy in ("consistent_hash", "sticky_least_loaded", "cache_aware"):
+            out += [Run(f"{policy} / 1 router", "router", policy),
+                    Run(f"{policy} / 2 routers", "router", policy, routers=2)]
+        return out
+    return []
 
 
 def _shares(values: list[float]) -> str:
@@ -75,10 +103,12 @@ async def _load(base: str, sessions: int, seconds: float, profile: str, seed: in
                           workload=Workload.from_profile(profile), seed=seed, drain_seconds=5)
 
 
-def _start_service(port: int, engines: list[mf.MockEngine], log: Path) -> subprocess.Popen:
+def _start_service(port: int, engines: list, log: Path) -> subprocess.Popen:
+    """The random-per-request proxy in front of `engines` (anything with a `.url` or `.base`)."""
     out = open(log, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "flashserve_testbed.router.randomproxy", str(port),
-                             *(e.url for e in engines)], stdout=out, stderr=subprocess.STDOUT)
+                             *(getattr(e, "url", None) or e.base for e in engines)], stdout=out,
+                            stderr=subprocess.STDOUT)  # fmt: skip
     out.close()
     import urllib.request
 
@@ -99,13 +129,20 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
     d = work / run.name.replace(" ", "_").replace("/", "-").replace(",", "").replace(":", "")
     flags = ENGINE_FLAGS + (SCALE_OUT if run.render else ())
     engines = mf.start_engines(n, d, profile=args.profile, flags=flags, seed=seed)
-    router = service = None
+    routers: list[VllmRouter] = []
+    service = None
     try:
         if run.route == "router":
-            opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(),
-                                 prometheus_port=free_port(), policy=run.policy, extra_args=run.router_args)
-            router = VllmRouter(opts, d / "router.log").start()
-            base = router.base + "/v1"
+            for i in range(run.routers):
+                opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(),
+                                     prometheus_port=free_port(), policy=run.policy, extra_args=run.router_args)
+                routers.append(VllmRouter(opts, d / f"router-{i}.log").start())
+            if run.routers > 1:
+                port = free_port()
+                service = _start_service(port, routers, d / "proxy.log")
+                base = f"http://127.0.0.1:{port}/v1"
+            else:
+                base = routers[0].base + "/v1"
         elif run.route == "service":
             port = free_port()
             service = _start_service(port, engines, d / "proxy.log")
@@ -114,9 +151,9 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
             base = engines[0].url + "/v1"
         report = asyncio.run(_load(base, sessions, args.seconds, args.profile, seed))
         texts = [e.metrics() for e in engines]
-        router_metrics = router.metrics() if router else ""
+        router_metrics = [r.metrics() for r in routers]
     finally:
-        if router:
+        for router in routers:
             router.stop()
         if service:
             service.terminate()
@@ -126,46 +163,124 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
     queries = sum(mf.counter(t, "vllm:prefix_cache_queries_total") for t in texts)
     per_engine = [mf.counter(t, "vllm:request_success_total") for t in texts]
     s = report.summary()
-    renders = sum(mf.samples(router_metrics, "vllm_router_kv_routing_inputs_total").values())
-    decisions = mf.samples(router_metrics, "vllm_router_prefix_routing_decisions_total")
-    return {
-        "run": run.name, "engines": n, "sessions": sessions, "requests": s["requests"], "ok": s["ok"],
+    inputs = _summed(router_metrics, "vllm_router_kv_routing_inputs_total")
+    renders = sum(inputs.values())
+    decisions = _summed(router_metrics, "vllm_router_prefix_routing_decisions_total")
+    out = {
+        "run": run.name, "engines": n, "routers": run.routers if run.route == "router" else 0,
+        "sessions": sessions, "requests": s["requests"], "ok": s["ok"],
         "errors": s["errors"], "hit_rate": hits / queries if queries else None, "requests_per_engine": per_engine,
         "ttft_p50": s["ttft_seconds"]["p50"], "ttft_p99": s["ttft_seconds"]["p99"],
-        "router_token_inputs": {k: v for k, v in mf.samples(router_metrics,
-                                                           "vllm_router_kv_routing_inputs_total").items()},
+        "router_token_inputs": inputs,
         "prefix_decisions": decisions, "router_token_input_calls": renders,
     }
+    if run.replay:
+        from flashserve_testbed.router.ring_replay import replay
+
+        urls = [e.url for e in engines]
+        # the load generator's session ids, served where the binary sent them
+        sim = replay(report.records, urls, args.profile, seed=seed)
+        # the same with the prefix cache resolved to the mock's KV blocks instead of the benchmark's 512-token
+        # units: what is left of the difference is the router model's, not the cache's granularity
+        fine = replay(report.records, urls, args.profile, seed=seed, cache_unit=0)  # 0: one key per KV block
+        out["sim"] = {"requests_per_engine": sim.requests_per_engine, "hit_rate": sim.hit_rate,
+                      "hit_rate_block_units": fine.hit_rate}
+        out["client_cached_fraction"] = s["cached_fraction"]
+    return out
 
 
-def _overhead_round(args, work: Path, policy: str, seed: int) -> tuple[dict, dict]:
+def _summed(texts: list[str], name: str) -> dict[str, float]:
+    """label string -> value of one metric, summed over several routers' metrics."""
+    out: dict[str, float] = {}
+    for text in texts:
+        for k, v in mf.samples(text, name).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _hist(text: str, name: str) -> tuple[float, float]:
+    """(sum, count) of a histogram over all its label sets."""
+    return mf.counter(text, name + "_sum"), mf.counter(text, name + "_count")
+
+
+def _render_probe(url: str, n: int = 20) -> float:
+    """Median seconds of one prompt render on an idle engine (what cache_aware asks every worker per request),
+    for a first turn of the demo's sessions (~1,100 tokens)."""
+    import urllib.request
+
+    body = json.dumps({"model": mf.SERVED, "messages": [
+        {"role": "system", "content": "You are a coding agent. " * 130},
+        {"role": "user", "content": "Fix the failing test in the repository. " * 30}]}).encode()
+    times = []
+    for _ in range(n):
+        req = urllib.request.Request(url + "/v1/chat/completions/render", data=body,
+                                     headers={"content-type": "application/json"})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
+    """One engine, the same load straight to it and then through the router. Besides the clients' TTFT, the
+    engine's own TTFT histogram over each half: client TTFT minus engine TTFT is the time spent outside the
+    engine (HTTP, the client, and the router when there is one), so the difference of that between the halves
+    is what the router adds with the engine's own variation taken out."""
     d = work / f"overhead-{policy}-{seed}"
     engines = mf.start_engines(1, d, profile=args.profile, flags=ENGINE_FLAGS + SCALE_OUT, seed=seed)
+    eng = engines[0]
     try:
-        opts = RouterOptions(worker_urls=(engines[0].url,), port=free_port(), prometheus_port=free_port(),
+        opts = RouterOptions(worker_urls=(eng.url,), port=free_port(), prometheus_port=free_port(),
                              policy=policy)
         with VllmRouter(opts, d / "router.log") as router:
-            out = []
-            for base in (engines[0].url + "/v1", router.base + "/v1"):
-                r = asyncio.run(run_load(base, schedule=f"hold {args.sessions} {args.overhead_seconds:g}s",
-                                         workload=Workload.from_profile(args.profile), seed=seed,
-                                         drain_seconds=5))
-                out.append(r.summary()["ttft_seconds"])
+            out = {}
+            for name, base in (("direct", eng.url + "/v1"), ("routed", router.base + "/v1")):
+                e0, r0 = eng.metrics(), router.metrics()
+                rep = asyncio.run(run_load(base, schedule=f"hold {args.sessions} {args.overhead_seconds:g}s",
+                                           workload=Workload.from_profile(args.profile), seed=seed,
+                                           drain_seconds=5))
+                e1, r1 = eng.metrics(), router.metrics()
+                ttfts = [t for r in rep.ok if (t := r.ttft()) is not None]
+                es0, ec0 = _hist(e0, "vllm:time_to_first_token_seconds")
+                es1, ec1 = _hist(e1, "vllm:time_to_first_token_seconds")
+                gs0, gc0 = _hist(r0, "vllm_router_generate_duration_seconds")
+                gs1, gc1 = _hist(r1, "vllm_router_generate_duration_seconds")
+                out[name] = {
+                    **rep.summary()["ttft_seconds"],
+                    "client_ttft_mean": statistics.fmean(ttfts) if ttfts else None,
+                    "engine_ttft_mean": (es1 - es0) / (ec1 - ec0) if ec1 > ec0 else None,
+                    "router_generate_mean": (gs1 - gs0) / (gc1 - gc0) if gc1 > gc0 else None,
+                }
+            out["render_probe_s"] = _render_probe(eng.url) if policy == "cache_aware" else None
     finally:
         mf.stop_all(engines)
-    return out[0], out[1]
+    return out
 
 
 def overhead(args, work: Path, policy: str) -> dict:
-    d50, d99, direct50 = [], [], []
-    for i in range(args.overhead_rounds):
-        direct, routed = _overhead_round(args, work, policy, seed=100 + i)
-        d50.append(routed["p50"] - direct["p50"])
-        d99.append(routed["p99"] - direct["p99"])
-        direct50.append(direct["p50"])
-    return {"policy": policy, "rounds": args.overhead_rounds, "ttft_p50_added": statistics.median(d50),
-            "ttft_p99_added": statistics.median(d99), "direct_ttft_p50": statistics.median(direct50),
-            "p50_added_per_round": d50, "p99_added_per_round": d99}
+    rounds = [_overhead_round(args, work, policy, seed=100 + i) for i in range(args.overhead_rounds)]
+
+    def outside(x: dict) -> float | None:
+        if x["client_ttft_mean"] is None or x["engine_ttft_mean"] is None:
+            return None
+        return x["client_ttft_mean"] - x["engine_ttft_mean"]
+
+    d50 = [r["routed"]["p50"] - r["direct"]["p50"] for r in rounds]
+    d99 = [r["routed"]["p99"] - r["direct"]["p99"] for r in rounds]
+    paired = [a - b for r in rounds if (a := outside(r["routed"])) is not None and (b := outside(r["direct"])) is not None]
+    gen = [r["routed"]["router_generate_mean"] - r["routed"]["engine_ttft_mean"] for r in rounds
+           if r["routed"]["router_generate_mean"] is not None and r["routed"]["engine_ttft_mean"] is not None]
+    renders = [r["render_probe_s"] for r in rounds if r["render_probe_s"] is not None]
+    med = statistics.median
+    return {"policy": policy, "rounds": args.overhead_rounds, "ttft_p50_added": med(d50),
+            "ttft_p99_added": med(d99), "direct_ttft_p50": med([r["direct"]["p50"] for r in rounds]),
+            "p50_added_per_round": d50, "p99_added_per_round": d99,
+            "paired_mean_added": med(paired) if paired else None, "paired_mean_added_per_round": paired,
+            "router_generate_minus_engine_ttft": med(gen) if gen else None,
+            "router_generate_mean": med([r["routed"]["router_generate_mean"] or 0.0 for r in rounds]),
+            "engine_ttft_mean": med([r["routed"]["engine_ttft_mean"] or 0.0 for r in rounds]),
+            "render_probe_s": med(renders) if renders else None, "rounds_detail": rounds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-rounds", type=int, default=5)
     p.add_argument("--overhead-seconds", type=float, default=5.0)
     p.add_argument("--overhead-policies", default="cache_aware,consistent_hash")
+    p.add_argument("--suite", nargs="+", choices=SUITES, default=["policies", "overhead"],
+                   help="what to run (default: policies overhead)")
     p.add_argument("--only", help="comma-separated run names to keep (default: all)")
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
@@ -188,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": [], "overhead": []}
     with tempfile.TemporaryDirectory(prefix="bench-vllm-router-") as tmp:
         work = Path(tmp)
-        todo = runs(args)
+        todo = [r for suite in args.suite for r in suite_runs(suite, args)]
         if args.only:
             keep = set(args.only.split(","))
             todo = [r for r in todo if r.name in keep]
@@ -201,13 +318,32 @@ def main(argv: list[str] | None = None) -> int:
             hit = "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.1f}%"
             print(f"{r['run']:38} {hit:>8} {_shares(r['requests_per_engine']):>18} {_ms(r['ttft_p50']):>7}ms "
                   f"{_ms(r['ttft_p99']):>5}ms  {r['ok']}/{sum(r['errors'].values())}  {inputs}", flush=True)
-        for policy in filter(None, args.overhead_policies.split(",")):
+            if "sim" in r:
+                sim = r["sim"]
+                shit = "-" if sim["hit_rate"] is None else f"{100 * sim['hit_rate']:.1f}%"
+                real = [100 * v / (sum(r["requests_per_engine"]) or 1) for v in r["requests_per_engine"]]
+                pred = [100 * v / (sum(sim["requests_per_engine"]) or 1) for v in sim["requests_per_engine"]]
+                print(f"{'  simulator, router model, same requests':38} {shit:>8} "
+                      f"{_shares(sim['requests_per_engine']):>18}  (hit rate {100 * ((sim['hit_rate'] or 0) - (r['hit_rate'] or 0)):+.1f} "
+                      f"points; spread max |diff| {max(abs(a - b) for a, b in zip(real, pred)):.1f} points)", flush=True)
+                fh = sim["hit_rate_block_units"]
+                print(f"{'  the same, cache in KV blocks':38} {'-' if fh is None else f'{100 * fh:.1f}%':>8} "
+                      f"{'':>18}  (hit rate {100 * ((fh or 0) - (r['hit_rate'] or 0)):+.1f} points)", flush=True)
+        for policy in filter(None, args.overhead_policies.split(",") if "overhead" in args.suite else ()):
             o = overhead(args, work, policy)
             results["overhead"].append(o)
             print(f"router overhead ({policy}, 1 engine, {args.sessions} sessions, median of {o['rounds']}): "
                   f"TTFT p50 {1e3 * o['ttft_p50_added']:+.1f} ms, p99 {1e3 * o['ttft_p99_added']:+.1f} ms "
                   f"(direct p50 {1e3 * o['direct_ttft_p50']:.0f} ms; per round p50 "
                   f"{', '.join(f'{1e3 * x:+.1f}' for x in o['p50_added_per_round'])})", flush=True)
+            pm = o["paired_mean_added"]
+            print(f"  paired (client TTFT - engine TTFT, routed - direct, mean): "
+                  f"{'-' if pm is None else f'{1e3 * pm:+.1f} ms'} (per round "
+                  f"{', '.join(f'{1e3 * x:+.1f}' for x in o['paired_mean_added_per_round'])}); router "
+                  f"generate_duration mean {1e3 * o['router_generate_mean']:.1f} ms vs engine TTFT mean "
+                  f"{1e3 * o['engine_ttft_mean']:.1f} ms"
+                  + (f"; one render on an idle engine {1e3 * o['render_probe_s']:.1f} ms"
+                     if o["render_probe_s"] is not None else ""), flush=True)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -1,0 +1,181 @@
+"""The simulator's routing models (bench/routing.py, Fleet.route_session): service spreads requests uniformly,
+affinity and router keep a session on one replica, the router's ring remaps exactly the keys whose nearest
+virtual node changed when the worker set changes, and a run reports its prefix-cache hit rate."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from flashserve_testbed.bench.fleet import CACHE_UNIT_TOKENS, Fleet
+from flashserve_testbed.bench.policies import PolicySpec, build
+from flashserve_testbed.bench.routing import (
+    VIRTUAL_NODES,
+    HashRing,
+    fbi_hash,
+    furc_hash,
+    murmur64a,
+    session_key,
+)
+from flashserve_testbed.bench.sim import Settings, Simulation, Workload
+
+
+class _Session:
+    """What the fleet's router reads of a session: its id, its replica, its prefix keys."""
+
+    def __init__(self, sid: int) -> None:
+        self.sid = sid
+        self.replica = None
+
+    def block_hashes(self) -> list[int]:
+        return [self.sid]
+
+
+def _fleet(profile, routing: str, replicas: int = 4) -> Fleet:
+    f = Fleet(profile, 100.0, seed=1, routing=routing)
+    for _ in range(replicas):
+        f.order(0.0, ready=True)
+    return f
+
+
+def test_murmur64a_matches_the_reference_implementation():
+    # the empty key with seed 0 mixes to 0 in MurmurHash64A; a seed or a byte changes it
+    assert murmur64a(b"", 0) == 0
+    assert murmur64a(b"hello", 0) == murmur64a(b"hello", 0) != murmur64a(b"hello", 1)
+    # every tail length (1-7 bytes after the 8-byte blocks) is mixed in: no two prefixes collide
+    values = {murmur64a(b"0123456789abcdef"[:n], 4193360111) for n in range(17)}
+    assert len(values) == 17
+
+
+def test_furc_hash_stays_in_range_and_is_consistent_when_m_grows():
+    keys = [f"k{i}".encode() for i in range(300)]
+    for m in (2, 3, 7, 100):
+        assert all(0 <= furc_hash(k, m) < m for k in keys)
+    # furc is a consistent hash: going from m to m + 1 buckets, a key moves only into the new bucket
+    for m in (3, 7, 20):
+        for k in keys:
+            before, after = furc_hash(k, m), furc_hash(k, m + 1)
+            assert after == before or after == m
+
+
+def test_service_spreads_a_sessions_requests_uniformly(profile):
+    f = _fleet(profile, "service")
+    s = _Session(7)
+    hits = Counter(f.route_session(s).group.index for _ in range(4000))
+    assert set(hits) == {0, 1, 2, 3}
+    assert all(abs(n / 4000 - 0.25) < 0.03 for n in hits.values())
+
+
+@pytest.mark.parametrize("routing", ["affinity", "router"])
+def test_affinity_and_router_keep_a_session_on_one_replica(profile, routing):
+    f = _fleet(profile, routing)
+    sessions = [_Session(i) for i in range(1, 41)]
+    first = {s.sid: f.route_session(s).group.index for s in sessions}
+    for _ in range(5):
+        assert {s.sid: f.route_session(s).group.index for s in sessions} == first
+    assert len(set(first.values())) > 1  # and sessions do not all land on one replica
+    # the fleet's session counts follow the sessions
+    assert sum(g.sessions for g in f.active) == len(sessions)
+
+
+def test_router_sends_a_session_where_vllm_routers_ring_does(profile):
+    f = _fleet(profile, "router")
+    ring = HashRing([g.pod for g in f.active])
+    for sid in range(1, 60):
+        assert f.route_session(_Session(sid)).group.pod == ring.lookup(session_key(f"s{sid}"))
+
+
+def test_ring_remaps_only_the_keys_of_the_changed_worker():
+    keys = [session_key(f"s{i}") for i in range(600)]
+    ring = HashRing(["a", "b", "c"])
+    before = {k: ring.lookup(k) for k in keys}
+    assert len(ring._points) == 3 * VIRTUAL_NODES
+    ring.update(["a", "b", "c", "d"])  # scale-up: keys move only to the new worker, about a quarter of them
+    after = {k: ring.lookup(k) for k in keys}
+    moved = [k for k in keys if after[k] != before[k]]
+    assert all(after[k] == "d" for k in moved)
+    assert 0.1 < len(moved) / len(keys) < 0.45
+    # each key goes to the first virtual node at or after its own position (wrapping)
+    points = sorted((fbi_hash(f"{w}:{i}"), w) for w in "abcd" for i in range(VIRTUAL_NODES))
+    for k in keys[:50]:
+        h = fbi_hash(k)
+        assert after[k] == next((w for p, w in points if p >= h), points[0][1])
+    ring.update(["a", "c", "d"])  # b drained: only b's keys move, and they spread over the others
+    gone = {k: ring.lookup(k) for k in keys}
+    assert all(gone[k] == after[k] for k in keys if after[k] != "b")
+    assert {gone[k] for k in keys if after[k] == "b"} == {"a", "c", "d"}
+
+
+def test_router_moves_sessions_of_a_drained_replica_and_on_scale_up(profile):
+    f = _fleet(profile, "router", replicas=3)
+    sessions = [_Session(i) for i in range(1, 200)]
+    before = {s.sid: f.route_session(s).group for s in sessions}
+    f.remove_last(1.0)  # the highest index leaves routing (drain)
+    after = {s.sid: f.route_session(s).group for s in sessions}
+    drained = f.draining[0] if f.draining else next(g for g in f.all if g.state == "gone")
+    for s in sessions:
+        if before[s.sid] is drained:
+            assert after[s.sid] is not drained
+        else:
+            assert after[s.sid] is before[s.sid]
+    g = f.order(2.0, ready=True)  # a new pod (new identity on the ring): a share of sessions moves to it
+    again = {s.sid: f.route_session(s).group for s in sessions}
+    moved = [sid for sid in again if again[sid] is not after[sid]]
+    assert moved and all(again[sid] is g for sid in moved)
+
+
+def test_unknown_routing_is_refused_with_the_choices(profile):
+    with pytest.raises(ValueError, match="routing: 'sticky' is not a routing model: choose service, affinity or router"):
+        Fleet(profile, 100.0, seed=1, routing="sticky")
+
+
+def test_a_run_reports_its_prefix_hit_rate_and_routing_shapes_it(tiny, profile, calib):
+    w = Workload(tiny, 3, profile, calib, CACHE_UNIT_TOKENS, profile.max_model_len)
+    out = {}
+    for routing in ("service", "affinity", "router"):
+        pol = build(PolicySpec("static"), calib, tiny.startup_median_s, 100.0)
+        out[routing] = Simulation(w, pol, Settings(routing=routing)).run()
+    for routing, res in out.items():
+        assert res.routing == routing
+        assert 0.0 < res.prefix_hit_rate < 1.0
+    # random routing per request loses the conversation's cache; session routing keeps it
+    assert out["service"].prefix_hit_rate < out["affinity"].prefix_hit_rate - 0.1
+    assert out["service"].prefix_hit_rate < out["router"].prefix_hit_rate - 0.1
+
+
+def test_cli_refuses_other_routings_with_the_fluid_model(capsys):
+    from flashserve_testbed.bench import cli
+
+    assert cli.main(["autoscale", "--engine", "fluid", "--routing", "router", "--quick"]) == 2
+    assert "the fluid model keeps session affinity only" in capsys.readouterr().err
+
+
+def test_report_keeps_routing_models_apart_and_reads_files_written_before_them(tmp_path):
+    from dataclasses import replace
+
+    from flashserve_testbed.bench import report
+    from flashserve_testbed.bench.measures import Result
+
+    def _run(policy, seed, attainment, gpu_hours, **kw):
+        return Result(policy=policy, scenario="flash-crowd", seed=seed, attainment=attainment, speed_p90=110.0,
+                      speed_p50=120.0, ttft_p90_s=0.05, gpu_hours=gpu_hours, tokens_per_dollar=4.5e8,
+                      output_tokens_per_dollar=3.5e6, scale_actions=4, replicas_mean=2.5, replicas_max=5,
+                      requests=1000, unfinished=0, output_tokens=10**6, sim_seconds=4500.0, cpu_seconds=30.0,
+                      **kw)  # fmt: skip
+
+    runs = [_run("flashserve", 1, 0.99, 20.0, prefix_hit_rate=0.84),
+            _run("flashserve", 1, 0.93, 40.0, routing="service", prefix_hit_rate=0.5)]  # fmt: skip
+    recs = report.records(runs)
+    assert [(r["policy"], r["routing"], r["gpu_hours"], r["prefix_hit_rate"]) for r in recs] == [
+        ("flashserve", "service", 40.0, 0.5), ("flashserve", "affinity", 20.0, 0.84)]  # fmt: skip
+    assert len(report.merge(runs[:1], runs[1:])) == 2  # another routing is another run, not a rerun
+    assert "| 84% | affinity |" in report.markdown_table(recs)
+    path = tmp_path / "runs.csv"
+    report.write_csv(runs, path)
+    assert report.read_csv(path) == runs
+    # a CSV from before the routing columns: its runs were session affinity, hit rate unknown
+    lines = path.read_text().splitlines()
+    cols = lines[0].split(",")
+    keep = [i for i, c in enumerate(cols) if c not in ("routing", "prefix_hit_rate")]
+    path.write_text("\n".join(",".join(row.split(",")[i] for i in keep) for row in lines[:2]) + "\n")
+    assert report.read_csv(path) == [replace(runs[0], prefix_hit_rate=None)]
