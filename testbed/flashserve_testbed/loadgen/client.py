@@ -34,6 +34,8 @@ async def stream_chat(http: aiohttp.ClientSession, url: str, body: dict, record:
     """Send `body`, fill `record` (times relative to t0) and return the answer text."""
     parts: list[str] = []
     chunks = 0
+    done = False
+    finish: str | None = None
     try:
         async with http.post(url, json=body, headers=headers,
                              timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=10)) as resp:
@@ -48,6 +50,7 @@ async def stream_chat(http: aiohttp.ClientSession, url: str, body: dict, record:
                     continue
                 data = raw[5:].strip()
                 if data == b"[DONE]":
+                    done = True
                     break
                 doc = json.loads(data)
                 usage = doc.get("usage")
@@ -56,6 +59,7 @@ async def stream_chat(http: aiohttp.ClientSession, url: str, body: dict, record:
                     record.completion_tokens = int(usage.get("completion_tokens") or 0)
                     record.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
                 for choice in doc.get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
                     text = (choice.get("delta") or {}).get("content")
                     if text:
                         now = time.monotonic() - t0
@@ -68,6 +72,14 @@ async def stream_chat(http: aiohttp.ClientSession, url: str, body: dict, record:
         record.error = f"{type(e).__name__}: {e}"[:300]
     if record.end is None:
         record.end = time.monotonic() - t0
+    if not record.error and not done:
+        # A proxy or engine that goes away mid-answer can end the body cleanly: the stream then simply stops.
+        record.error = f"stream cut: ended after {chunks} chunks without [DONE]"
+    elif not record.error and finish not in (None, "stop", "length"):
+        record.error = f"stream ended with finish_reason {finish!r}"
+    elif (not record.error and body.get("ignore_eos") and record.completion_tokens
+          and record.completion_tokens < int(body.get("max_tokens") or 0)):
+        record.error = f"truncated: {record.completion_tokens} of {body['max_tokens']} tokens"
     if not record.completion_tokens and not record.error:
         record.completion_tokens = chunks  # a server without usage: one token per chunk
     if not record.error and record.first is None:
