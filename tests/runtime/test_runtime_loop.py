@@ -74,7 +74,7 @@ async def until(check, timeout: float = 20.0):
 
 
 def test_pod_lifecycle_with_a_real_engine(tmp_path):
-    pod = pod_from_sample("gb200-minimal.yaml", ip="10.99.250.7")
+    pod = pod_from_sample("gb200-minimal.yaml", ip="127.99.250.7")
     pod["metadata"]["resourceVersion"] = "1"
     pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     pod["status"]["containerStatuses"] = [{"name": "vllm", "image": "x", "ready": False, "restartCount": 0,

@@ -17,16 +17,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import kube, pools, procs, prometheus, stages
+from . import kube, loopback, pools, procs, prometheus, stages
 from .controlplane import COMPONENTS, ControlPlane, ControlPlaneError
 from .paths import CLUSTER_NAME, Layout, prometheus_binary, toolchain_bin
 
 DEFAULT_PROMETHEUS_PORT = 9090
 STAGE_CRD = "stages.kwok.x-k8s.io"
 DEFAULTS: dict[str, Any] = {"pod_readiness": "kwok", "pod_startup_seconds": 5.0, "pool_overrides": [],
-                            "pools_file": None, "prometheus": True, "prometheus_port": DEFAULT_PROMETHEUS_PORT}
+                            "pools_file": None, "prometheus": True, "prometheus_port": DEFAULT_PROMETHEUS_PORT,
+                            "loopback_slot": None}
 ENV = {"pod_readiness": "FLASHSERVE_POD_READINESS", "pod_startup_seconds": "FLASHSERVE_POD_STARTUP_SECONDS",
-       "prometheus_port": "FLASHSERVE_PROMETHEUS_PORT"}
+       "prometheus_port": "FLASHSERVE_PROMETHEUS_PORT", "loopback_slot": loopback.SLOT_ENV}
 # Everything `down` may have to stop, by program name (kwokctl names the kwok binary kwok-controller).
 PROGRAMS = {*COMPONENTS, "kwok", "prometheus"}
 
@@ -115,7 +116,18 @@ def _settings(layout: Layout, explicit: dict[str, Any], reset: bool = False) -> 
     merged["pod_startup_seconds"] = float(merged["pod_startup_seconds"])
     merged["prometheus_port"] = int(merged["prometheus_port"])
     merged["pool_overrides"] = list(merged["pool_overrides"] or [])
+    # Chosen once and kept with the cluster: a node's podCIDR cannot change without recreating the node.
+    slot = merged["loopback_slot"]
+    merged["loopback_slot"] = loopback.check_slot(
+        loopback.default_slot(str(layout.root)) if slot is None else _int(slot, loopback.SLOT_ENV))
     return merged
+
+
+def _int(value: Any, where: str) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value  # check_slot names it
 
 
 def ensure_up(
@@ -148,7 +160,7 @@ def ensure_up(
         pool_specs, reserved = pools.resolve(s["pool_overrides"], s["pools_file"])
         stage_objs = stages.build(s["pod_readiness"], s["pod_startup_seconds"])  # validate before starting anything
         bin_dir = toolchain_bin()
-        cp = ControlPlane(layout, bin_dir)
+        cp = ControlPlane(layout, bin_dir, s["loopback_slot"])
         previous = load_info(layout)
         reused = _ensure_control_plane(cp, layout, previous, bin_dir, recreate, log)
         api = kube.api_client(layout.kubeconfig)
@@ -186,9 +198,10 @@ def _reconcile(api, s: dict[str, Any], stage_objs: list[dict], pool_specs: list[
     changed, deleted = kube.apply_stages(api, stage_objs)
     log(f"stages: pod readiness {s['pod_readiness']}, serving start-up {s['pod_startup_seconds']:g}s"
         + (f" ({changed} applied, {deleted} removed)" if changed or deleted else " (unchanged)"))
-    node_objs = pools.build_nodes(pool_specs, reserved)
+    node_objs = pools.build_nodes(pool_specs, reserved, s["loopback_slot"])
     created, updated, removed = kube.apply_nodes(api, node_objs)
-    log(f"nodes: {pools.summary(pool_specs)} ({created} created, {updated} updated, {removed} removed)")
+    log(f"nodes: {pools.summary(pool_specs)} ({created} created, {updated} updated, {removed} removed); "
+        f"pod CIDRs in 127.0.0.0/8, slot {s['loopback_slot']}")
     kube.wait_nodes_ready(api, [n["metadata"]["name"] for n in node_objs],
                           progress=lambda r, t: log(f"nodes: {r}/{t} ready"))
     kube.wait_default_service_account(api)

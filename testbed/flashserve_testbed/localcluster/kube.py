@@ -104,6 +104,11 @@ def apply_nodes(api: client.ApiClient, nodes: list[dict[str, Any]]) -> tuple[int
     for node in nodes:
         name = node["metadata"]["name"]
         current = existing.pop(name, None)
+        if current is not None and list(current.spec.pod_cidrs or []) != node["spec"]["podCIDRs"]:
+            # podCIDR is immutable: a node from before the loopback address plan (or of another slot) is
+            # recreated, and its pods with it, since they keep the addresses of the old range.
+            _recreate_node(core, name)
+            current = None
         if current is None:
             try:
                 core.create_node(node)
@@ -119,13 +124,35 @@ def apply_nodes(api: client.ApiClient, nodes: list[dict[str, Any]]) -> tuple[int
             meta, status = node["metadata"], node["status"]
             core.patch_node(name, {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]},
                                    "spec": {"taints": node["spec"]["taints"] + kept}})
-            resources = {"capacity": status["capacity"], "allocatable": status["allocatable"]}
+            resources = {"capacity": status["capacity"], "allocatable": status["allocatable"],
+                         "addresses": status["addresses"]}
             core.patch_node_status(name, {"status": resources})
             updated += 1
     for name in existing:
         core.delete_node(name)
         deleted += 1
     return created, updated, deleted
+
+
+def _recreate_node(core: client.CoreV1Api, name: str, timeout: float = 60) -> None:
+    for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    core.delete_node(name)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_node(name)
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {name} still exists {timeout:.0f}s after its deletion")
+        time.sleep(0.3)
 
 
 def _node_drifted(current: client.V1Node, desired: dict) -> bool:
@@ -137,6 +164,9 @@ def _node_drifted(current: client.V1Node, desired: dict) -> bool:
     if have_taints != want_taints:
         return True
     status = current.status
+    have_addresses = [(a.type, a.address) for a in (status.addresses or [])]
+    if have_addresses != [(a["type"], a["address"]) for a in desired["status"]["addresses"]]:
+        return True
     for field in ("capacity", "allocatable"):
         have = getattr(status, field) or {}
         # The API server canonicalises quantities (978944Mi comes back as 956Gi).

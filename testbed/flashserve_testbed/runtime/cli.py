@@ -44,9 +44,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--file-sd", type=Path, help="Prometheus target file (default: in the local cluster's file_sd dir)")
     p.add_argument("--no-file-sd", action="store_true", help="write no Prometheus target file")
     p.add_argument("--log-dir", type=Path, help="engine logs (default: <cluster dir>/logs/engines)")
-    p.add_argument("--loopback-shift", type=int,
-                   help="moves the second octet of every engine address 127.B.c.d (default: derived from the API "
-                        "server's URL, so runtimes of two clusters do not collide; 0 keeps the pod IP's)")
     p.add_argument("--engine-bin", help="directory whose `vllm` is the mock engine (default: this interpreter's)")
     p.add_argument("--any-node", action="store_true", help="also run pods on nodes that are not KWOK's")
     p.add_argument("--exit-after-api-gone", type=float, default=120.0,
@@ -82,7 +79,6 @@ async def amain(args) -> int:
     from flashserve_testbed.runtime.kubeapi import KubeAPI
     from flashserve_testbed.runtime.launch import (
         LaunchSettings,
-        cluster_shift,
         default_engine_bin,
     )
     from flashserve_testbed.runtime.metrics import RuntimeCollector
@@ -90,11 +86,10 @@ async def amain(args) -> int:
 
     kubeconfig, file_sd, log_dir, cluster_root = _resolve(args)
     api = KubeAPI.from_kubeconfig(kubeconfig)
-    shift = args.loopback_shift if args.loopback_shift is not None else cluster_shift(api.host)
     settings = RuntimeSettings(
         launch=LaunchSettings(engine_bin=args.engine_bin or default_engine_bin(), time_scale=args.time_scale,
                               startup_seconds=args.startup_seconds, seed=args.seed,
-                              loopback_shift=shift, profile=args.profile),
+                              profile=args.profile),
         probe=ProbeSettings(interval=args.probe_interval, failure_threshold=args.failure_threshold,
                             backoff_base=args.restart_backoff),
         namespace=args.namespace, file_sd=file_sd, log_dir=log_dir, any_node=args.any_node,
@@ -110,8 +105,8 @@ async def amain(args) -> int:
         url = await router.start("127.0.0.1", args.router_port)
         runtime.router_target = url.removeprefix("http://")
         log.info("router: %s/NAMESPACE/SERVING/v1 (metrics on %s/metrics)", url, url)
-    log.info("mock runtime: engines from %s on 127.x.c.d (shift %d), time scale %g, start-up %s, Prometheus targets "
-             "%s, engine logs in %s", settings.launch.engine_bin, shift, args.time_scale,
+    log.info("mock runtime: engines from %s on their (loopback) pod IPs, time scale %g, start-up %s, Prometheus targets "
+             "%s, engine logs in %s", settings.launch.engine_bin, args.time_scale,
              f"{args.startup_seconds:g} engine-s" if args.startup_seconds is not None else "from the profile",
              file_sd or "off", log_dir)
     main = asyncio.ensure_future(runtime.run())
