@@ -32,3 +32,11 @@ def test_write_is_atomic_and_skips_unchanged_content(tmp_path):
     assert os.stat(path).st_ino != first.st_ino  # replaced by rename, never rewritten in place
     assert len(json.loads(path.read_text())) == 1
     assert [p.name for p in path.parent.iterdir()] == ["flashserve-runtime.json"]  # no temporary left behind
+
+
+def test_a_router_pod_is_its_own_job_on_its_metrics_port_without_a_group():
+    r = EngineTarget("127.64.2.1", 29000, "demo", "flash-router-x", "flash", "", "cpu-0", job="vllm-router")
+    (group,) = target_groups([r])
+    assert group == {"targets": ["127.64.2.1:29000"],
+                     "labels": {"job": "vllm-router", "namespace": "demo", "pod": "flash-router-x",
+                                "serving": "flash", "node": "cpu-0"}}

@@ -60,7 +60,7 @@ def test_router_launch_runs_the_pods_own_command_on_its_ip_with_its_own_credenti
     settings = LaunchSettings(engine_bin="/opt/venv/bin", router_bin="/opt/router/bin")
     launch = build_router_launch(router_pod(), settings, "/state/credentials/demo_r.kubeconfig")
     assert launch.argv == ["vllm-router", *CONTRACT_ARGS, "--host", "127.4.2.1", "--prometheus-host", "127.4.2.1"]
-    assert (launch.address, launch.port, launch.kind) == ("127.4.2.1", 8000, "router")
+    assert (launch.address, launch.port, launch.metrics_port, launch.kind) == ("127.4.2.1", 8000, 29000, "router")
     assert launch.probe_url == "http://127.4.2.1:8000/readiness"  # the readinessProbe, its named port resolved
     env = launch.env
     assert env["PATH"].split(":")[0] == "/opt/router/bin"

@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {"pod_readiness": "kwok", "pod_startup_seconds": 5.0,
                             "loopback_slot": None}
 ENV = {"pod_readiness": "FLASHSERVE_POD_READINESS", "pod_startup_seconds": "FLASHSERVE_POD_STARTUP_SECONDS",
        "prometheus_port": "FLASHSERVE_PROMETHEUS_PORT", "loopback_slot": loopback.SLOT_ENV}
+PROMETHEUS_NAMESPACE = "kube-system"
+PROMETHEUS_ACCOUNT = "flashserve-prometheus"
+PROMETHEUS_TOKEN_SECONDS = 30 * 24 * 3600  # renewed by `cluster up` once it no longer works
 # Everything `down` may have to stop, by program name (kwokctl names the kwok binary kwok-controller).
 PROGRAMS = {*COMPONENTS, "kwok", "prometheus"}
 
@@ -48,6 +51,8 @@ class ClusterInfo:
     pod_startup_seconds: float
     pools: dict[str, dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
+    # "kubernetes_sd": Prometheus finds serving pods itself (the runtime writes no targets); "file_sd": it does not
+    prometheus_discovery: str = "file_sd"
 
     def env(self) -> dict[str, str]:
         out = {"KUBECONFIG": str(self.kubeconfig)}
@@ -172,9 +177,10 @@ def ensure_up(
             api = kube.api_client(layout.kubeconfig)
         try:
             _reconcile(api, s, stage_objs, pool_specs, reserved, log)
+            prom_kubeconfig = _prometheus_discovery(api, layout, log) if _discovers(s) else None
         finally:
             api.close()
-        prom_url = _ensure_prometheus(layout, s, log)
+        prom_url = _ensure_prometheus(layout, s, log, prom_kubeconfig)
         if prom_url:
             s["prometheus_port"] = int(prom_url.rpartition(":")[2])
         info = ClusterInfo(
@@ -182,6 +188,7 @@ def ensure_up(
             toolchain_bin=bin_dir, kubectl=bin_dir / "kubectl", prometheus_url=prom_url,
             file_sd_dir=layout.file_sd, pod_readiness=s["pod_readiness"],
             pod_startup_seconds=s["pod_startup_seconds"],
+            prometheus_discovery="kubernetes_sd" if prom_url and prom_kubeconfig else "file_sd",
             pools={p.name: {"nodes": p.node_count, "racks": p.racks, "gpusPerNode": int(p.fields.get("gpus", 0)),
                             "nodesPerRack": int(p.fields.get("nodesPerRack", 0)) or None} for p in pool_specs},
             settings=s,
@@ -207,7 +214,34 @@ def _reconcile(api, s: dict[str, Any], stage_objs: list[dict], pool_specs: list[
     kube.wait_default_service_account(api)
 
 
-def _ensure_prometheus(layout: Layout, s: dict[str, Any], log: Callable[[str], None]) -> str | None:
+def _discovers(s: dict[str, Any]) -> bool:
+    binary = prometheus_binary()
+    return bool(s["prometheus"]) and binary is not None and prometheus.supports_kubernetes_sd(binary)
+
+
+def _prometheus_discovery(api, layout: Layout, log: Callable[[str], None]) -> Path:
+    """Prometheus' own kubeconfig for pod discovery (a ServiceAccount token allowed to list pods and nothing
+    else), after the loopback guard: it scrapes every pod it discovers, so it does not start while any pod or
+    node address is outside 127.0.0.0/8 (its relabelling also drops such pods while it runs)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    pods = [api.sanitize_for_serialization(p) for p in core.list_pod_for_all_namespaces().items]
+    nodes = [api.sanitize_for_serialization(n) for n in core.list_node().items]
+    loopback.require_loopback(pods, nodes, "Prometheus with kubernetes_sd_configs")
+    path = layout.prometheus / "kubeconfig"
+    if kube.token_works(path):
+        return path
+    token = kube.service_account_token(api, PROMETHEUS_NAMESPACE, PROMETHEUS_ACCOUNT, PROMETHEUS_TOKEN_SECONDS,
+                                       rules=[{"apiGroups": [""], "resources": ["pods"],
+                                               "verbs": ["get", "list", "watch"]}])
+    kube.write_token_kubeconfig(path, layout.kubeconfig, token)
+    log(f"prometheus: discovers pods as {PROMETHEUS_NAMESPACE}/{PROMETHEUS_ACCOUNT} (pods: get, list, watch)")
+    return path
+
+
+def _ensure_prometheus(layout: Layout, s: dict[str, Any], log: Callable[[str], None],
+                       kubeconfig: Path | None = None) -> str | None:
     if not s["prometheus"]:
         prometheus.stop(layout)
         return None
@@ -216,7 +250,7 @@ def _ensure_prometheus(layout: Layout, s: dict[str, Any], log: Callable[[str], N
         raise prometheus.PrometheusError(
             "prometheus not found; install it (apt-get install --no-install-recommends prometheus), "
             "set FLASHSERVE_PROMETHEUS_BINARY, or pass --no-prometheus")
-    return prometheus.ensure(layout, binary, s["prometheus_port"], log=log)
+    return prometheus.ensure(layout, binary, s["prometheus_port"], log=log, kubeconfig=kubeconfig)
 
 
 def _ensure_control_plane(cp: ControlPlane, layout: Layout, previous: ClusterInfo | None, bin_dir: Path,

@@ -41,7 +41,9 @@ def parser() -> argparse.ArgumentParser:
                    help="failed probes before a ready pod turns not ready (default: its readinessProbe's, else 3)")
     p.add_argument("--restart-backoff", type=float, default=10.0,
                    help="first restart delay of a dead engine in engine seconds, doubling to 300 (kubelet: 10)")
-    p.add_argument("--file-sd", type=Path, help="Prometheus target file (default: in the local cluster's file_sd dir)")
+    p.add_argument("--file-sd", type=Path,
+                   help="Prometheus target file (default: none when the local cluster's Prometheus discovers pods "
+                        "itself, else one in its file_sd dir)")
     p.add_argument("--no-file-sd", action="store_true", help="write no Prometheus target file")
     p.add_argument("--log-dir", type=Path, help="engine logs (default: <cluster dir>/logs/engines)")
     p.add_argument("--engine-bin", help="directory whose `vllm` is the mock engine (default: this interpreter's)")
@@ -61,8 +63,10 @@ def _resolve(args) -> tuple[str | None, Path | None, Path, Path | None]:
     info = load_info(layout)
     kubeconfig = args.kubeconfig or (str(info.kubeconfig) if info else None)
     file_sd = None
+    # A cluster whose Prometheus discovers the pods itself (kubernetes_sd) needs no target file, unless asked.
+    discovers = info is not None and info.prometheus_discovery == "kubernetes_sd"
     if not args.no_file_sd:
-        file_sd = args.file_sd or (Path(info.file_sd_dir) / FILE_NAME if info else None)
+        file_sd = args.file_sd or (Path(info.file_sd_dir) / FILE_NAME if info and not discovers else None)
     log_dir = args.log_dir or (layout.logs / "engines" if info else Path(tempfile.gettempdir()) / "flashserve-engines")
     return kubeconfig, file_sd, log_dir, (layout.root if info else None)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 FILE_NAME = "flashserve-runtime.json"
 ENGINE_JOB = "vllm"
-ROUTER_JOB = "flashserve-router"
+ROUTER_JOB = "flashserve-router"  # the harness router (--router-port)
+ROUTER_POD_JOB = "vllm-router"  # router pods' metrics port
 
 
 @dataclass(frozen=True)
@@ -22,13 +23,16 @@ class EngineTarget:
     serving: str
     group: str
     node: str = ""
+    job: str = ENGINE_JOB
 
 
 def target_groups(engines: list[EngineTarget], router: str | None = None) -> list[dict]:
     """One group per engine, so each carries its own labels; sorted, so equal sets give equal files."""
     groups = []
     for e in sorted(engines, key=lambda e: (e.namespace, e.pod)):
-        labels = {"job": ENGINE_JOB, "namespace": e.namespace, "pod": e.pod, "serving": e.serving, "group": e.group}
+        labels = {"job": e.job, "namespace": e.namespace, "pod": e.pod, "serving": e.serving}
+        if e.group:
+            labels["group"] = e.group
         if e.node:
             labels["node"] = e.node
         groups.append({"targets": [f"{e.address}:{e.port}"], "labels": labels})

@@ -51,6 +51,7 @@ class Launch:
     probe_path: str = "/health"
     probe_port: int | None = None  # None: `port`
     kubeconfig: str | None = None  # a router's own credentials, written by the runtime before each start
+    metrics_port: int | None = None  # a router's --prometheus-port
 
     @property
     def url(self) -> str:
@@ -217,6 +218,9 @@ def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str) ->
         port = next((int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name") == "http"),
                     ROUTER_DEFAULT_PORT)
     probe_path, probe_port = probe_target(container, port, where)
+    metrics = _flag_value(argv, "--prometheus-port")
+    metrics_port = int(metrics) if metrics is not None and metrics.isdigit() else next(
+        (int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name") == "metrics"), None)
     bin_dir = settings.router_bin or settings.engine_bin
     env = {"PATH": f"{bin_dir}{os.pathsep}{SYSTEM_PATH}", "HOME": "/tmp", "LANG": "C.UTF-8", "HOSTNAME": name}
     env.update(resolved.env)
@@ -227,7 +231,8 @@ def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str) ->
     for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
         env.pop(var, None)
     return Launch(argv=argv, env=env, address=address, port=port, profile="", container=ROUTER_CONTAINER,
-                  notes=notes, kind="router", probe_path=probe_path, probe_port=probe_port, kubeconfig=kubeconfig)
+                  notes=notes, kind="router", probe_path=probe_path, probe_port=probe_port, kubeconfig=kubeconfig,
+                  metrics_port=metrics_port)
 
 
 def build_launch(pod: dict, node: dict | None, settings: LaunchSettings) -> Launch:

@@ -83,7 +83,8 @@ class Runtime:
 
     def changed(self, engine: PodEngine) -> None:
         if engine.launch.kind != "engine":
-            return  # a router pod is no engine of the harness router, nor a vLLM scrape target
+            self._write_targets_soon()  # a router pod is a scrape target, not an engine of the harness router
+            return
         if self.router is not None:
             if engine.state in ("stopping", "stopped"):
                 self.router.remove_endpoint(engine.namespace, engine.serving, engine.name)
@@ -105,6 +106,10 @@ class Runtime:
         targets = [filesd.EngineTarget(e.launch.address, e.launch.port, e.namespace, e.name, e.serving, e.group,
                                        e.node)
                    for e in self.engines.values() if e.pid is not None and e.launch.kind == "engine"]
+        targets += [filesd.EngineTarget(e.launch.address, e.launch.metrics_port, e.namespace, e.name, e.serving, "",
+                                        e.node, job=filesd.ROUTER_POD_JOB)
+                    for e in self.engines.values()
+                    if e.pid is not None and e.launch.kind == "router" and e.launch.metrics_port]
         try:
             filesd.write_targets(self.settings.file_sd, targets, self.router_target)
         except OSError as e:
