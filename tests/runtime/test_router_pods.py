@@ -209,3 +209,20 @@ def test_runtime_refuses_a_router_while_a_hostnetwork_pod_has_a_172_16_address_t
         assert not Path(kubeconfig_path).exists(), "the token goes with the runtime"
 
     asyncio.run(scenario())
+
+
+def test_the_harness_reaches_a_serving_at_a_ready_router_pod_ip():
+    from flashserve_testbed.runtime.routerpods import router_selector, router_urls, wait_router_url
+
+    assert router_selector("flash") == "flashserve.io/serving=flash,app.kubernetes.io/component=router"
+    ready = router_pod(ip="127.4.2.1", name="r-b")
+    ready["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    unready, leaving = router_pod(ip="127.4.2.2", name="r-a"), router_pod(ip="127.4.2.3", name="r-c")
+    leaving["status"]["conditions"] = ready["status"]["conditions"]
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    assert router_urls([unready, ready, leaving]) == ["http://127.4.2.1:8000"]
+    asked = []
+    assert wait_router_url(lambda sel: asked.append(sel) or [ready], "flash") == "http://127.4.2.1:8000"
+    assert asked == [router_selector("flash")]
+    with pytest.raises(TimeoutError, match="no Ready router pod of serving 'flash'"):
+        wait_router_url(lambda sel: [unready], "flash", timeout=0.1, interval=0.05)
