@@ -6,6 +6,7 @@ stick to the cluster: a later `ensure_up()` without them keeps what the cluster 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -66,6 +67,9 @@ class ClusterInfo:
     @classmethod
     def from_json(cls, text: str) -> "ClusterInfo":
         raw = json.loads(text)
+        # Fields a newer version wrote are dropped, so an older checkout still finds the cluster.
+        known = {f.name for f in dataclasses.fields(cls)}
+        raw = {k: v for k, v in raw.items() if k in known}
         for key in ("dir", "kubeconfig", "toolchain_bin", "kubectl", "file_sd_dir"):
             raw[key] = Path(raw[key])
         return cls(**raw)
