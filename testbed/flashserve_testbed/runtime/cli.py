@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
                                       "a pod's own FLASHSERVE_MOCK_PROFILE still wins")
     p.add_argument("--seed", type=int, default=0, help="mixed with each pod's name into FLASHSERVE_MOCK_SEED")
     p.add_argument("--router-port", type=int, help="serve the router on 127.0.0.1:PORT (0: a free port)")
+    p.add_argument("--status-port", type=int,
+                   help="serve /-/engines (what runs) and /metrics (the runtime's own) on 127.0.0.1:PORT (0: free)")
     p.add_argument("--router-max-inflight", type=int, default=0,
                    help="requests per engine before the router queues (default 0: no limit)")
     p.add_argument("--router-queue-timeout", type=float, default=30.0,
@@ -87,6 +89,7 @@ async def amain(args) -> int:
     )
     from flashserve_testbed.runtime.metrics import RuntimeCollector
     from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
+    from flashserve_testbed.runtime.statusserver import engines_state
 
     kubeconfig, file_sd, log_dir, cluster_root = _resolve(args)
     api = KubeAPI.from_kubeconfig(kubeconfig)
@@ -105,10 +108,18 @@ async def amain(args) -> int:
     runtime = Runtime(api, settings, router)
     if router is not None:
         router.registry.register(RuntimeCollector(runtime))
-        router.app["extra_state"] = lambda: {"engines": _engines_state(runtime)}
+        router.app["extra_state"] = lambda: {"engines": engines_state(runtime)}
         url = await router.start("127.0.0.1", args.router_port)
         runtime.router_target = url.removeprefix("http://")
         log.info("router: %s/NAMESPACE/SERVING/v1 (metrics on %s/metrics)", url, url)
+    status_server = None
+    if args.status_port is not None:
+        from flashserve_testbed.runtime.statusserver import StatusServer
+
+        status_server = StatusServer(runtime)
+        url = await status_server.start("127.0.0.1", args.status_port)
+        runtime.status_target = url.removeprefix("http://")
+        log.info("status: %s/-/engines, metrics on %s/metrics", url, url)
     log.info("mock runtime: engines from %s on their (loopback) pod IPs, time scale %g, start-up %s, Prometheus targets "
              "%s, engine logs in %s", settings.launch.engine_bin, args.time_scale,
              f"{args.startup_seconds:g} engine-s" if args.startup_seconds is not None else "from the profile",
@@ -134,15 +145,10 @@ async def amain(args) -> int:
             await main
         if router is not None:
             await router.stop()
+        if status_server is not None:
+            await status_server.stop()
         await api.close()
     return code
-
-
-def _engines_state(runtime) -> list[dict]:
-    return [{"namespace": e.namespace, "pod": e.name, "uid": e.uid, "serving": e.serving, "group": e.group,
-             "node": e.node, "url": e.launch.url, "profile": e.launch.profile, "pid": e.pid, "state": e.state,
-             "ready": e.healthy, "restarts": e.restarts, "ready_after_s": e.ready_after, "log": str(e.log_path)}
-            for e in runtime.engines.values()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ FILE_NAME = "flashserve-runtime.json"
 ENGINE_JOB = "vllm"
 ROUTER_JOB = "flashserve-router"  # the harness router (--router-port)
 ROUTER_POD_JOB = "vllm-router"  # router pods' metrics port
+RUNTIME_JOB = "flashserve-runtime"  # the runtime's own /metrics (--status-port)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class EngineTarget:
     job: str = ENGINE_JOB
 
 
-def target_groups(engines: list[EngineTarget], router: str | None = None) -> list[dict]:
+def target_groups(engines: list[EngineTarget], router: str | None = None, status: str | None = None) -> list[dict]:
     """One group per engine, so each carries its own labels; sorted, so equal sets give equal files."""
     groups = []
     for e in sorted(engines, key=lambda e: (e.namespace, e.pod)):
@@ -38,6 +39,8 @@ def target_groups(engines: list[EngineTarget], router: str | None = None) -> lis
         groups.append({"targets": [f"{e.address}:{e.port}"], "labels": labels})
     if router:
         groups.append({"targets": [router], "labels": {"job": ROUTER_JOB}})
+    if status:
+        groups.append({"targets": [status], "labels": {"job": RUNTIME_JOB}})
     return groups
 
 
@@ -67,5 +70,6 @@ def write_atomic(path: Path, text: str) -> bool:
     return True
 
 
-def write_targets(path: Path, engines: list[EngineTarget], router: str | None = None) -> bool:
-    return write_atomic(path, json.dumps(target_groups(engines, router), indent=1) + "\n")
+def write_targets(path: Path, engines: list[EngineTarget], router: str | None = None,
+                  status: str | None = None) -> bool:
+    return write_atomic(path, json.dumps(target_groups(engines, router, status), indent=1) + "\n")

@@ -63,6 +63,7 @@ class Runtime:
         self.skipped: set[str] = set()  # uids that cannot be launched; logged once
         self.stopping: dict[tuple[str, str], asyncio.Task] = {}
         self.router_target: str | None = None
+        self.status_target: str | None = None  # the runtime's own /metrics, host:port
         self.http: aiohttp.ClientSession | None = None
         self.time_scale = settings.launch.time_scale
         self.log_dir = settings.log_dir
@@ -111,7 +112,7 @@ class Runtime:
                     for e in self.engines.values()
                     if e.pid is not None and e.launch.kind == "router" and e.launch.metrics_port]
         try:
-            filesd.write_targets(self.settings.file_sd, targets, self.router_target)
+            filesd.write_targets(self.settings.file_sd, targets, self.router_target, self.status_target)
         except OSError as e:
             log.warning("cannot write %s: %s", self.settings.file_sd, e)
 
