@@ -4,6 +4,7 @@
 #
 #   docker build -t ghcr.io/flashserve/flashserve-operator:0.1.0 .                          the operator (default)
 #   docker build --target mock-engine -t ghcr.io/flashserve/flashserve-mock-engine:0.1.0 .   `vllm` = the mock engine
+#   docker build --target router -t ghcr.io/flashserve/flashserve-router:0.1.17 .           vLLM's router (spec.routing.image)
 #
 # The operator image installs the product alone (the repository root's package `flashserve`); only the
 # mock-engine image adds the test bed (testbed/, `flashserve-testbed`), which holds the mock.
@@ -63,6 +64,30 @@ ENV PATH=/opt/flashserve/bin:$PATH \
     PYTHONUNBUFFERED=1
 WORKDIR /
 USER 65532:65532
+
+# ----------------------------------------------------------------------------------------------- router
+# vLLM's router, the default of a serving's spec.routing.image (flashserve/facts/router.py): the PyPI wheel
+# (a Rust binary with a Python launcher) in a venv of its own, nothing of the operator. Tagged with the
+# router's version. The operator renders the router read-only, as this user, with /tmp as an emptyDir.
+FROM ${PYTHON_IMAGE} AS router-builder
+ARG VLLM_ROUTER_VERSION=0.1.17
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/vllm-router \
+ && /opt/vllm-router/bin/pip install --only-binary=:all: "vllm-router==${VLLM_ROUTER_VERSION}" \
+ && /opt/vllm-router/bin/python -m compileall -q /opt/vllm-router/lib \
+ && /opt/vllm-router/bin/python -m pip uninstall -y pip \
+ && rm -f /opt/vllm-router/bin/activate*
+
+FROM runtime AS router
+COPY --from=router-builder /opt/vllm-router /opt/vllm-router
+ENV PATH=/opt/vllm-router/bin:$PATH
+LABEL org.opencontainers.image.title="flashserve-router" \
+      org.opencontainers.image.description="vLLM's router (vllm-router 0.1.17) as FlashServe deploys it" \
+      org.opencontainers.image.licenses="Apache-2.0"
+EXPOSE 8000 29000
+ENTRYPOINT ["vllm-router"]
 
 # ------------------------------------------------------------------------------------------ mock-engine
 # For kind: pods of a serving run this image in place of vLLM (set the serving's spec.engine.image to it).

@@ -115,7 +115,8 @@ class IndexedKube(FakeKube):
 
     def handler_indexes(self) -> tuple:
         i = self.indexes
-        return i["statefulsets"], i["services"], i["pdbs"], i["pods"], i["netpols"]
+        return (i["statefulsets"], i["services"], i["pdbs"], i["pods"], i["netpols"], i["deployments"],
+                i["serviceaccounts"], i["roles"], i["rolebindings"], i["inferencepools"])  # handlers._observed's order
 
 
 class FakeLeases:

@@ -1,5 +1,5 @@
 """What the API admits, the children admit: for every object of the admission corpus (tests/differential_corpus.py)
-that the operator accepts, each child it renders (StatefulSets, Services, the PDB, the NetworkPolicy) goes to the
+that the operator accepts, each child it renders (StatefulSets, Services, budgets, policies, the router) goes to the
 real API server with server-side dry-run, and the API server must admit every one. A child it refused would stop
 a reconcile half way through; `kubernetes-validate` alone does not check apimachinery's name, quantity and
 toleration rules, so this asks the API server itself. Prints the count per kind."""
@@ -19,21 +19,26 @@ from kubernetes.client.rest import ApiException
 
 from tests.differential_corpus import corpus
 
-# Custom resources of other projects (the NVIDIA DRA driver's ComputeDomain) are not installed here.
-NOT_INSTALLED = {"ComputeDomain"}
+# Custom resources of other projects (the NVIDIA DRA driver's ComputeDomain, the inference gateway's
+# InferencePool: e2e/test_inferencepool.py installs the project's copy of its CRD) are not installed here.
+NOT_INSTALLED = {"ComputeDomain", "InferencePool"}
 
 
 def _dry_run(kube, namespace: str, obj: dict) -> str | None:
     """None when the API server admits the object, else its message."""
     kind = obj["kind"]
     name, body = obj["metadata"]["name"], {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    apps, core, policy, net = (client.AppsV1Api(kube), client.CoreV1Api(kube), client.PolicyV1Api(kube),
-                               client.NetworkingV1Api(kube))  # fmt: skip
+    apps, core, policy, net, rbac = (client.AppsV1Api(kube), client.CoreV1Api(kube), client.PolicyV1Api(kube),
+                                     client.NetworkingV1Api(kube), client.RbacAuthorizationV1Api(kube))  # fmt: skip
     create = {
         "StatefulSet": apps.create_namespaced_stateful_set,
         "Service": core.create_namespaced_service,
         "PodDisruptionBudget": policy.create_namespaced_pod_disruption_budget,
         "NetworkPolicy": net.create_namespaced_network_policy,
+        "Deployment": apps.create_namespaced_deployment,
+        "ServiceAccount": core.create_namespaced_service_account,
+        "Role": rbac.create_namespaced_role,
+        "RoleBinding": rbac.create_namespaced_role_binding,
     }[kind]
     try:
         create(namespace, body, dry_run="All", field_validation="Strict")

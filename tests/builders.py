@@ -60,12 +60,8 @@ def observe(obj, *, ready: bool = True, hash_override: dict[int, str] | None = N
             for k in range(nodes):
                 pname = f"{name}-{k}"
                 out.pods.append(PodView(pname, idx, pod_hash.get(pname, h), ready, False, "Running", False, 0, "n"))
-        elif kind == "Service":
-            out.services[name] = live
-        elif kind == "PodDisruptionBudget":
-            out.pdbs[name] = live
-        elif kind == "NetworkPolicy":
-            out.netpols[name] = live
+        elif kind in out.by_kind():
+            out.by_kind()[kind][name] = live
     return out
 
 

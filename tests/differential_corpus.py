@@ -87,6 +87,13 @@ def _valid_spec(rng: random.Random) -> dict:
         spec["autoscaling"] = {"enabled": True, "minReplicas": lo, "maxReplicas": rng.randint(lo, 16)}
     if rng.random() < 0.2:
         spec["model"] = {"servedModelNames": ["a", "b"], "source": {"pvc": {"claimName": "weights"}}}
+    if rng.random() < 0.3:
+        picker = rng.choice([None, {"name": "epp", "port": {"number": 9002}},
+                             {"name": "epp", "kind": "Picker", "group": "epp.example.com", "failureMode": "FailOpen"}])
+        spec["routing"] = {"enabled": rng.random() < 0.8, "policy": rng.choice(["consistent_hash", "cache_aware",
+                                                                                "power_of_two", "sticky_least_loaded"]),
+                           "replicas": rng.randint(1, 4), "port": 8100, "metricsPort": 29100,
+                           "inferencePool": {"enabled": True, **({"endpointPickerRef": picker} if picker else {})}}  # fmt: skip
     return spec
 
 
@@ -140,6 +147,9 @@ def _broken(rng: random.Random, base: dict) -> list[tuple[str, dict]]:
         ("minAboveMaxReplicas", _set(base, "autoscaling", {"minReplicas": rng.randint(3, 9), "maxReplicas": 2})),
         ("resourceQuantity", _set(base, "engine.resources." + rng.choice(["cpu", "memory", "shmSize"]),
                                   rng.choice(["abc", "-1", "0", 0, -4, "1.5.5", "1e", "10Gib", "", "+", "0.0Gi"]))),
+        ("routerPortsDiffer", _set(base, "routing", dict.fromkeys(("port", "metricsPort"), rng.choice([8000, 29000])))),
+        ("pickerServiceNeedsPort", _set(base, "routing.inferencePool", {"enabled": True, "endpointPickerRef": {
+            "name": "epp", **rng.choice([{}, {"kind": "Service"}, {"kind": "Service", "group": ""}])}})),
         # values the children carry, in Kubernetes' own grammars (api/kubevalues.py)
         ("tolerationKeylessEqual", _set(base, "placement.tolerations", [rng.choice(
             [{"operator": "Equal", "value": "x"}, {"key": "", "effect": "NoSchedule"}, {}])])),
@@ -197,6 +207,14 @@ _MUTATIONS: dict[str, list] = {
     "autoscaling.metricsWindowSeconds": [10, 9, 1800, 1801],
     "networkPolicy.allowedNamespaces": [["gw"], ["Bad_NS"], ["a"] * 65],
     "rollout.maxUnavailable": [1, 0, 256, 257],
+    "routing.policy": ["consistent_hash", "cache_aware", "random", "kv_aware", ""],
+    "routing.replicas": [1, 2, 64, 0, 65],
+    "routing.metricsPort": [29000, 8000, 1023, 65536],
+    "routing.cacheAware.cacheThreshold": [0, 0.3, 1, 1.01, -0.1],
+    "routing.cacheAware.balanceRelThreshold": [1, 1.5, 0.99],
+    "routing.image": ["repo/router:1", "has space", ""],
+    "routing.inferencePool.endpointPickerRef": [{"name": "e", "port": {"number": 9002}}, {"name": "e"},
+                                                {"name": "e", "port": {"number": 0}}, {"name": ""}],
     "unknownField": [1],
     "engine.unknownField": ["x"],
 }

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
 from flashserve.api.validation import parse_serving
+from flashserve.clock import now_iso
 from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.promql import Queries
 from flashserve.controller.autoscale import Autoscaler
@@ -27,7 +28,8 @@ from kubernetes.client.rest import ApiException
 from tests.builders import NS
 
 WATCHED = {"StatefulSet": "statefulsets", "Service": "services", "PodDisruptionBudget": "pdbs",
-           "NetworkPolicy": "netpols"}  # fmt: skip
+           "NetworkPolicy": "netpols", "Deployment": "deployments", "ServiceAccount": "serviceaccounts",
+           "Role": "roles", "RoleBinding": "rolebindings", "InferencePool": "inferencepools"}  # fmt: skip
 SERVING_KIND = "DeepSeekServing"  # the kind `errors` keys a status patch under
 
 
@@ -104,13 +106,15 @@ class FakeKube:
         self._fail("replicas", "StatefulSet")
         self.objects[("StatefulSet", namespace, statefulset)]["spec"]["replicas"] = replicas
 
-    def failed_create_message(self, namespace: str, statefulset: str, uid: str | None = None) -> str | None:
+    def failed_create_message(self, namespace: str, statefulset: str, uid: str | None = None,
+                              not_before: str | None = None) -> str | None:
         self.requests += 1
         self.calls.append(("list", "Event", statefulset))
         self._fail("list", "Event")
         mine = [e for e in self.events if e["metadata"]["namespace"] == namespace and e["reason"] == "FailedCreate"
                 and e["involvedObject"]["kind"] == "StatefulSet" and e["involvedObject"]["name"] == statefulset
-                and (uid is None or e["involvedObject"]["uid"] == uid)]  # fmt: skip
+                and (uid is None or e["involvedObject"]["uid"] == uid)
+                and (not_before is None or e["lastTimestamp"][:19] >= not_before[:19])]  # fmt: skip
         return max(mine, key=lambda e: e["lastTimestamp"])["message"] if mine else None
 
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
@@ -128,7 +132,7 @@ class FakeKube:
 
     # -- what other controllers do
 
-    def refuse_pods(self, statefulset: str, why: str, at: str = "2026-01-01T00:00:00Z", uid: str | None = None) -> None:
+    def refuse_pods(self, statefulset: str, why: str, at: str | None = None, uid: str | None = None) -> None:
         """The API server refuses the pods of `statefulset` (`why`, as admission words it): the StatefulSet
         gets none, and the StatefulSet controller records a FailedCreate Event on it, worded as it words them."""
         self.refused.add(statefulset)
@@ -137,7 +141,7 @@ class FakeKube:
             "metadata": {"name": f"{statefulset}.{len(self.events):x}", "namespace": NS},
             "involvedObject": {"kind": "StatefulSet", "name": statefulset, "namespace": NS,
                                "uid": uid or f"uid-StatefulSet-{statefulset}"},
-            "reason": "FailedCreate", "type": "Warning", "lastTimestamp": at,
+            "reason": "FailedCreate", "type": "Warning", "lastTimestamp": at or now_iso(),
             "message": f"create Pod {pod} in StatefulSet {statefulset} failed error: pods \"{pod}\" is forbidden: {why}",
         })  # fmt: skip
 

@@ -86,6 +86,20 @@ def test_hostile_files_get_a_clear_error(tmp_path, command):
     check("name-list.yaml", GOOD.replace("{name: flash}", "{name: [a]}").encode(), "metadata.name")
     check("ns.yaml", GOOD.replace("{name: flash}", "{name: flash, namespace: {x: 1}}").encode(), "metadata.namespace")
     check("meta.yaml", GOOD.replace("metadata: {name: flash}", "metadata: [flash]").encode(), "metadata")
+    # What kubectl refuses (strict decoding, string maps) is refused offline too, naming the field.
+    check("int-annotation.yaml", GOOD.replace("{name: flash}", "{name: flash, annotations: {team: 1}}").encode(),
+          "metadata.annotations['team']: must be a string")
+    check("bool-label.yaml", GOOD.replace("{name: flash}", "{name: flash, labels: {canary: true}}").encode(),
+          "metadata.labels['canary']: must be a string")
+    check("label-value.yaml", GOOD.replace("{name: flash}", '{name: flash, labels: {team: "a b"}}').encode(),
+          "not a Kubernetes label value")
+    check("label-key.yaml", GOOD.replace("{name: flash}", '{name: flash, labels: {"a b": x}}').encode(),
+          "the key is not a Kubernetes qualified name")
+    check("dup.yaml", (GOOD + "spec: {replicas: 2}\n").encode(), "duplicate key 'spec'")
+    check("dup-nested.yaml", GOOD.replace("{replicas: 1}", "{replicas: 1, replicas: 2}").encode(),
+          "duplicate key 'replicas'")
+    check("image.yaml", GOOD.replace("{replicas: 1}", '{engine: {image: "vllm/vllm-openai\\x01:v0.33.0"}}').encode(),
+          "spec.engine.image: 'vllm/vllm-openai\\x01:v0.33.0' is not an image reference")
 
 
 def test_billion_laughs_is_refused_at_once():

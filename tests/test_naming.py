@@ -11,10 +11,12 @@ from flashserve.render.naming import (
     SERVING_LABEL,
     compute_domain_name,
     group_name,
+    inference_pool_name,
     legacy_group_name,
     legacy_serving_label_value,
     network_policy_name,
     pdb_name,
+    router_name,
     service_name,
     serving_label_value,
 )
@@ -39,7 +41,9 @@ def test_child_names_are_valid(name, index):
     assert len(service_name(name)) <= 63 and DNS_1035.match(service_name(name))
     assert len(compute_domain_name(name, index)) <= 63 and DNS_1035.match(compute_domain_name(name, index))
     assert len(f"{g}-71") <= 63, "pod names are hostnames"
-    assert pdb_name(name) == network_policy_name(name) == name  # any DNS-1123 subdomain is valid for these
+    assert pdb_name(name) == network_policy_name(name) == inference_pool_name(name) == name  # any subdomain fits
+    r = router_name(name)
+    assert len(r) <= 63 and DNS_1035.match(r) and r.endswith("-router") and "--" in r, r
     v = serving_label_value(name)
     assert len(v) <= 63 and LABEL_VALUE.match(v)
 
@@ -48,7 +52,8 @@ def _objects(name: str, replicas: int) -> list[dict]:
     cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
           "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
           "spec": {"replicas": replicas, "parallelism": {"nodesPerReplica": 2},
-                   "placement": {"computeDomain": {"enabled": True}}}}  # fmt: skip
+                   "placement": {"computeDomain": {"enabled": True}},
+                   "routing": {"inferencePool": {"enabled": True}}}}  # fmt: skip
     return render_serving(parse_serving(cr))
 
 
@@ -57,7 +62,7 @@ def _selectors(obj: dict) -> list[dict]:
     out = []
     if obj["kind"] == "Service":
         out.append(spec["selector"])
-    elif obj["kind"] in ("StatefulSet", "PodDisruptionBudget"):
+    elif obj["kind"] in ("StatefulSet", "PodDisruptionBudget", "Deployment", "InferencePool"):
         out.append(spec["selector"]["matchLabels"])
     elif obj["kind"] == "NetworkPolicy":
         out.append(spec["podSelector"]["matchLabels"])
@@ -69,7 +74,7 @@ def _selectors(obj: dict) -> list[dict]:
 
 
 def _pod_labels(objs: list[dict]) -> list[dict]:
-    return [o["spec"]["template"]["metadata"]["labels"] for o in objs if o["kind"] == "StatefulSet"]
+    return [o["spec"]["template"]["metadata"]["labels"] for o in objs if o["kind"] in ("StatefulSet", "Deployment")]
 
 
 def _claims(objs: list[dict]) -> set[str]:
@@ -91,6 +96,15 @@ def test_two_servings_never_share_a_child_or_a_pod_selector(a, b):
     for sel in (s for o in ob for s in _selectors(o)):
         assert not any(sel.items() <= labels.items() for labels in _pod_labels(oa)), f"{b!r} selects pods of {a!r}"
     assert serving_label_value(a) != serving_label_value(b), "the operator's worker key"
+
+
+def test_the_router_budget_and_policy_meet_only_a_serving_named_after_them():
+    """The one known meeting (naming.py says so): a serving named exactly like another's router takes that
+    name for its engines' budget and policy. It must be chosen on purpose; the owner check guards it."""
+    r = router_name("flash")
+    keys = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs}  # noqa: E731
+    assert keys(_objects("flash", 1)) & keys(_objects(r, 1)) == {("PodDisruptionBudget", r), ("NetworkPolicy", r)}
+    assert router_name("flash") != router_name("flash-router") != router_name("flash--router")
 
 
 def test_names_that_met_before_are_apart_now():

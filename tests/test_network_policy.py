@@ -30,6 +30,13 @@ def _engine_pod(objs: list[dict], group: int = 0) -> Pod:
     return Pod(sts["metadata"]["namespace"], template["metadata"]["labels"], ports=ports)
 
 
+def _router_pod(objs: list[dict]) -> Pod:
+    dep = by_kind(objs, "Deployment")[0]
+    template = dep["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+    return Pod(dep["metadata"]["namespace"], template["metadata"]["labels"], ports=ports)
+
+
 def _policies(*servings: list[dict]) -> list[dict]:
     return [o for objs in servings for o in by_kind(objs, "NetworkPolicy")]
 
@@ -41,7 +48,7 @@ def _matrix(policies: list[dict], dst: Pod, sources: dict[str, Pod]) -> dict[str
 def test_default_policy_matrix():
     flash, other = _serving(allowedNamespaces=["gateway"]), _serving("other")
     policies = _policies(flash, other)
-    assert len(policies) == 2, "the policy is on by default"
+    assert len(policies) == 4, "the engines' and the router's policies are on by default"
     dst = _engine_pod(flash, 0)
     own_labels = _engine_pod(flash, 1).labels
     sources = {
@@ -54,7 +61,9 @@ def test_default_policy_matrix():
         "random namespace": Pod("elsewhere", {"app": "x"}),
         "random namespace with the serving's labels": Pod("elsewhere", own_labels),
         "gateway with the serving's labels": Pod("gateway", own_labels),
-        "namespace labelled like the operator's": Pod("flashserve-system", {"app.kubernetes.io/component": "operator"}),
+        "the operator's namespace": Pod("flashserve-system", {"app.kubernetes.io/component": "operator"}),
+        "router of the serving": _router_pod(flash),
+        "router of another serving": _router_pod(other),
     }
     #                                                 API    RPC    NCCL
     assert _matrix(policies, dst, sources) == {
@@ -67,7 +76,9 @@ def test_default_policy_matrix():
         "random namespace":                           (False, False, False),
         "random namespace with the serving's labels": (False, False, False),
         "gateway with the serving's labels":          (True, False, False),
-        "namespace labelled like the operator's":     (False, False, False),
+        "the operator's namespace":                   (True, False, False),
+        "router of the serving":                      (True, False, False),
+        "router of another serving":                  (True, False, False),
     }  # fmt: skip
     # The other serving's engines are isolated from this serving's in the same way.
     assert not allowed(policies, dst, _engine_pod(other, 0), RPC)
@@ -107,17 +118,50 @@ def test_turned_off_everyone_reaches_every_port():
     assert allowed(_policies(objs), Pod("elsewhere", {}), dst, RPC)
 
 
-def test_operator_needs_no_rule():
-    """The operator reads pod readiness from the API server and engine metrics from Prometheus; it never
-    connects to an engine, so its namespace gets no rule. Guard that assumption: the controller code names
-    no engine URL or port."""
-    from pathlib import Path
+def test_router_policy_matrix():
+    """The router takes the API from the namespace and allowedNamespaces, /metrics from monitoringNamespaces;
+    nothing reaches the engines' ports on it, and nothing else reaches it."""
+    flash = _serving(allowedNamespaces=["gateway"])
+    policies = _policies(flash, _serving("other"))
+    dst = _router_pod(flash)
+    http, metrics = dst.ports["http"], dst.ports["metrics"]
+    assert (http, metrics) == (8000, 29000)
+    sources = {
+        "plain pod, same namespace": Pod(NS, {"app": "client"}),
+        "gateway (allowedNamespaces)": Pod("gateway", {"app": "envoy"}),
+        "prometheus (monitoringNamespaces)": Pod("monitoring", {"app.kubernetes.io/name": "prometheus"}),
+        "the operator's namespace": Pod("flashserve-system", {}),
+        "random namespace with the router's labels": Pod("elsewhere", dst.labels),
+    }
+    got = {who: (allowed(policies, src, dst, http), allowed(policies, src, dst, metrics)) for who, src in sources.items()}
+    #                                                http   metrics
+    assert got == {
+        "plain pod, same namespace":                 (True, False),
+        "gateway (allowedNamespaces)":               (True, False),
+        "prometheus (monitoringNamespaces)":         (False, True),
+        "the operator's namespace":                  (False, False),
+        "random namespace with the router's labels": (False, False),
+    }  # fmt: skip
 
-    import flashserve.controller as controller
 
-    for path in Path(controller.__file__).parent.glob("*.py"):
-        text = path.read_text()
-        assert "engine.port" not in text and "rpc_port" not in text, f"{path.name} talks to engines"
+def test_routing_off_leaves_no_router_policy_and_no_router_rule():
+    c = cr({"routing": {"enabled": False}})
+    c["metadata"]["namespace"] = NS
+    objs = render(c)
+    (pol,) = _policies(objs)
+    assert not any(p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "router"
+                   for rule in pol["spec"]["ingress"] for p in rule["from"])  # fmt: skip
+
+
+def test_the_operator_namespace_is_a_render_option():
+    """The operator reads the engines' /metrics while draining: its own namespace (as it passes it) reaches
+    the API port and nothing else; another namespace does not."""
+    c = cr({"parallelism": {"nodesPerReplica": 2}})
+    c["metadata"]["namespace"] = NS
+    objs = render(c, operator_namespace="ops")
+    dst, policies = _engine_pod(objs), _policies(objs)
+    assert allowed(policies, Pod("ops", {}), dst, API) and not allowed(policies, Pod("ops", {}), dst, RPC)
+    assert not allowed(policies, Pod("flashserve-system", {}), dst, API)
 
 
 def test_allowed_namespaces_must_be_namespace_names():

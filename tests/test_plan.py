@@ -5,7 +5,7 @@ from __future__ import annotations
 from flashserve.api.validation import parse_serving
 from flashserve.controller.observe import Observed
 from flashserve.controller.plan import plan
-from flashserve.render.naming import group_name
+from flashserve.render.naming import group_name, router_name
 from flashserve.render.renderer import render_serving, template_hash
 
 from tests.builders import observe
@@ -30,7 +30,9 @@ def test_empty_cluster_creates_every_group_and_shared_objects():
     obj = serving({"replicas": 2})
     p = plan(obj, Observed())
     kinds = sorted(o["kind"] for o in p.apply)
-    assert kinds == ["NetworkPolicy", "PodDisruptionBudget", "Service", "Service", "Service", "StatefulSet", "StatefulSet"]
+    assert kinds == ["Deployment", "NetworkPolicy", "NetworkPolicy", "PodDisruptionBudget", "PodDisruptionBudget",
+                     "Role", "RoleBinding", "Service", "Service", "Service", "ServiceAccount", "StatefulSet",
+                     "StatefulSet"]  # fmt: skip
     assert p.created_groups == [0, 1] and not p.restored
 
 
@@ -116,7 +118,8 @@ def test_scale_down_deletes_the_compute_domains_of_removed_groups():
 
 def test_network_policy_is_applied_by_default_and_deleted_when_turned_off():
     on = serving({})
-    assert [o["metadata"]["name"] for o in plan(on, Observed()).apply if o["kind"] == "NetworkPolicy"] == ["flash"]
+    router = router_name("flash")
+    assert [o["metadata"]["name"] for o in plan(on, Observed()).apply if o["kind"] == "NetworkPolicy"] == ["flash", router]
     off = serving({"networkPolicy": {"enabled": False}})
     p = plan(off, observe(on))
-    assert p.delete == [("NetworkPolicy", "flash")] and not p.apply
+    assert sorted(p.delete) == [("NetworkPolicy", "flash"), ("NetworkPolicy", router)] and not p.apply

@@ -11,10 +11,17 @@ from __future__ import annotations
 import logging
 
 import pytest
+from flashserve.clock import iso_ago
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import Observed, PodView, pods_missing
 from flashserve.controller.plan import GroupState
-from flashserve.controller.reconciler import API_MESSAGE_MAX, PODS_GRACE_S, RECENT_WRITE_S, REFUSAL_RECHECK_S
+from flashserve.controller.reconciler import (
+    API_MESSAGE_MAX,
+    EVENT_BACKOFF_MAX_S,
+    PODS_GRACE_S,
+    RECENT_WRITE_S,
+    REFUSAL_RECHECK_S,
+)
 from flashserve.controller.status import MESSAGE_MAX_BYTES, group_conditions
 from flashserve.render.naming import group_name
 
@@ -114,6 +121,26 @@ def test_missing_pods_without_a_failed_create_event_are_not_a_refusal_and_are_ch
     assert event_reads(kube) == [g1]
     degraded = conditions(status)["Degraded"]
     assert degraded["reason"] == "PodsRefused" and "exceeded quota: gpus" in degraded["message"]
+
+
+def test_a_failed_create_event_of_an_earlier_shortage_is_not_quoted(events, clock):
+    """Events live about an hour: one left from a shortage that ended long ago says nothing of this one."""
+    kube = FakeKube()
+    c = controller(kube)
+    g1 = group_name("flash", 1)
+    stale = iso_ago(EVENT_BACKOFF_MAX_S + 600)
+    kube.refuse_pods(g1, "exceeded quota: gpus (fixed an hour ago)", at=stale)
+    status = created(kube, c, SPEC)
+    clock.advance(PODS_GRACE_S)
+    status = reconcile(c, kube, body("flash", SPEC, status=status))
+    assert event_reads(kube) == [g1]
+    assert conditions(status)["Degraded"]["reason"] == "AsExpected"
+    kube.refuse_pods(g1, "violates PodSecurity")  # this shortage's own refusal, recorded now
+    clock.advance(REFUSAL_RECHECK_S)
+    status = reconcile(c, kube, body("flash", SPEC, status=status))
+    degraded = conditions(status)["Degraded"]
+    assert degraded["reason"] == "PodsRefused" and "PodSecurity" in degraded["message"]
+    assert "fixed an hour ago" not in degraded["message"]
 
 
 def test_a_huge_admission_message_is_capped_per_statefulset_and_in_the_condition(events, clock):

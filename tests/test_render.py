@@ -125,9 +125,12 @@ def test_render_is_deterministic():
 def test_client_service_and_pdb():
     objs = render(cr({"parallelism": {"nodesPerReplica": 2}}))
     svc = [s for s in by_kind(objs, "Service") if s["metadata"]["name"] == "flash"][0]
-    assert svc["spec"]["selector"] == {"flashserve.io/serving": "flash"}
+    assert svc["spec"]["selector"] == {"flashserve.io/serving": "flash", "app.kubernetes.io/component": "router"}
+    assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["ports"][0]["targetPort"] == "http"
     pdb = by_kind(objs, "PodDisruptionBudget")[0]
     assert pdb["spec"]["maxUnavailable"] == 2
+    assert pdb["spec"]["selector"]["matchLabels"] == {"flashserve.io/serving": "flash",
+                                                      "app.kubernetes.io/component": "engine"}  # fmt: skip
 
 
 def test_network_policy_is_on_by_default_can_be_turned_off_and_never_restarts_engines():
@@ -135,7 +138,8 @@ def test_network_policy_is_on_by_default_can_be_turned_off_and_never_restarts_en
     assert not by_kind(off, "NetworkPolicy")
     objs = render(cr({"networkPolicy": {"allowedNamespaces": ["gateway"]}}))
     pol = by_kind(objs, "NetworkPolicy")[0]
-    assert pol["spec"]["podSelector"] == {"matchLabels": {"flashserve.io/serving": "flash"}}
+    assert pol["spec"]["podSelector"] == {"matchLabels": {"flashserve.io/serving": "flash",
+                                                          "app.kubernetes.io/component": "engine"}}  # fmt: skip
     api_rule = pol["spec"]["ingress"][1]
     assert api_rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}} in api_rule["from"]

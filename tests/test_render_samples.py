@@ -36,4 +36,9 @@ def test_every_sample_kind_is_expected(sample_path):
     replicas = cr["spec"].get("replicas", 1)
     assert kinds.count("StatefulSet") == replicas
     assert kinds.count("Service") == replicas + 1
-    assert kinds.count("PodDisruptionBudget") == 1
+    routing = cr["spec"].get("routing") or {}
+    routed = routing.get("enabled", True)
+    budgets = 1 + (routed and routing.get("replicas", 2) >= 2)  # the engines', and the router's
+    assert kinds.count("PodDisruptionBudget") == budgets
+    assert kinds.count("Deployment") == kinds.count("Role") == kinds.count("RoleBinding") == int(routed)
+    assert kinds.count("InferencePool") == int((routing.get("inferencePool") or {}).get("enabled", False))

@@ -21,6 +21,7 @@ COMBOS: dict[str, list[str]] = {
     "watch-namespaces": ["--set", "watchNamespaces={team-a,team-b}"],
     "monitoring": ["--set", "monitoring.enabled=true",
                    "--set", "operator.prometheusUrl=http://prometheus-operated.monitoring.svc:9090"],
+    "metrics-auth": ["--set", "metrics.auth=token", "--set", "monitoring.enabled=true"],
 }  # fmt: skip
 
 

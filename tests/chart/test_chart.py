@@ -37,13 +37,19 @@ NAMESPACED_ACCESS = {
     ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create", "list"},
     ("resource.nvidia.com", "computedomains"): {"get", "create", "patch", "delete"},
 }
 # Kinds the reconciler deletes (plan.py: groups beyond replicas, pods of a group in a rollout, a NetworkPolicy
 # turned off, children under the names of an earlier version).
-DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy", "PodDisruptionBudget"}
+DELETED_KINDS = {"StatefulSet", "Service", "Pod", "ComputeDomain", "NetworkPolicy", "PodDisruptionBudget",
+                 "Deployment", "ServiceAccount", "Role", "RoleBinding", "InferencePool"}  # fmt: skip
 
 
 # A serving that makes the renderer produce every kind it can: multi-node groups with a ComputeDomain, and
@@ -52,7 +58,8 @@ _FULL_SERVING = {
     "apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
     "metadata": {"name": "flash", "namespace": "team-a", "uid": "0b9f7d3e-5c1a-4e8b-9d2f-6a4c3b2e1f00"},
     "spec": {"parallelism": {"nodesPerReplica": 2}, "networkPolicy": {"enabled": True},
-             "placement": {"accelerator": "GB200", "computeDomain": {"enabled": True}}},
+             "placement": {"accelerator": "GB200", "computeDomain": {"enabled": True}},
+             "routing": {"inferencePool": {"enabled": True}}},
 }  # fmt: skip
 
 
@@ -149,6 +156,17 @@ def test_namespaced_rules_match_what_the_code_does(render):
         # OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion needs update on the owner's finalizers.
         need("flashserve.io", "deepseekservings/finalizers", "update")
     assert ("resource.nvidia.com/v1beta1", "ComputeDomain") in applied and ("networking.k8s.io/v1", "NetworkPolicy") in applied
+    assert {("apps/v1", "Deployment"), ("rbac.authorization.k8s.io/v1", "Role"),
+            ("inference.networking.k8s.io/v1", "InferencePool")} <= applied  # fmt: skip
+    # A Role may grant only verbs its maker holds (the API server's escalation check): the router's Roles
+    # grant nothing the operator lacks.
+    for granted in (o for o in children if o["kind"] == "Role"):
+        for rule in granted["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    need(group, resource, *rule["verbs"])
+    # The drain (issue 18): a group leaves routing when its pods' flashserve.io/routing label becomes `drain`.
+    need("", "pods", "patch")
     for (api_version, kind), path in kube._PATHS.items():
         group = api_version.rpartition("/")[0]
         resource = path.split("/")[-2]
@@ -183,7 +201,7 @@ def test_rbac_is_least_privilege_everywhere(render):
             for rule in doc["rules"]:
                 text = json.dumps(rule)
                 assert "*" not in text, f"wildcard in {doc['kind']} {doc['metadata']['name']}: {rule}"
-                assert "secrets" not in rule["resources"], f"{doc['metadata']['name']} touches Secrets"
+                assert "secrets" not in rule.get("resources", []), f"{doc['metadata']['name']} touches Secrets"
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
@@ -338,6 +356,7 @@ def test_image_digest_and_names(render):
     (["--set", "operator.prometheusAllow={has space}"], "/operator/prometheusAllow/0"),
     (["--set", "operator.leaderElection.enabled=false"], "replicaCount > 1 needs operator.leaderElection.enabled"),
     (["--set", "monitoring.enabled=true", "--set", "metrics.service.enabled=false"], "needs metrics.service.enabled"),
+    (["--set", "metrics.auth=mtls"], "/metrics/auth"),
 ])  # fmt: skip
 def test_bad_values_are_refused(render, args, message):
     proc = render(*args, check=False)
@@ -563,7 +582,7 @@ def test_dockerfile_shape():
     text = (ROOT / "Dockerfile").read_text()
     froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
     assert [name for _, name in froms] == ["builder", "mock-builder", "product-env", "mock-env", "runtime",
-                                           "mock-engine", "operator"]
+                                           "router-builder", "router", "mock-engine", "operator"]
     base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", text, re.M).group(1)
     assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), "pin an exact slim tag"
     final = text[text.index("AS runtime"):]
@@ -577,5 +596,34 @@ def test_dockerfile_shape():
     product_env = text.split("AS product-env")[1].split("\nFROM ")[0]
     assert "testbed" not in text.split("AS builder")[1].split("AS mock-builder")[0] + product_env
     assert "COPY --from=mock-env /opt/flashserve" in text.split("AS mock-engine")[1].split("AS operator")[0]
+    # The router image: the vllm-router wheel the facts name, on the runtime stage (non-root), nothing else.
+    from flashserve.facts.router import VLLM_ROUTER_VERSION
+
+    router_builder = text.split("AS router-builder")[1].split("\nFROM ")[0]
+    assert f"ARG VLLM_ROUTER_VERSION={VLLM_ROUTER_VERSION}" in router_builder
+    assert '"vllm-router==${VLLM_ROUTER_VERSION}"' in router_builder and "--only-binary=:all:" in router_builder
+    router_stage = text.split("AS router\n")[1].split("\nFROM ")[0]
+    assert text.split("AS router\n")[0].rstrip().endswith("FROM runtime"), "the router runs as the runtime's user"
+    assert "COPY --from=router-builder /opt/vllm-router /opt/vllm-router" in router_stage
+    assert 'ENTRYPOINT ["vllm-router"]' in router_stage and "/opt/flashserve" not in router_stage, "nothing of the operator"
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ignore[ignore.index("*") + 1:][:4] == ["!pyproject.toml", "!README.md", "!operator/", "!testbed/"]
+
+
+def test_authenticated_metrics(render):
+    """metrics.auth=token: the operator checks scrapers' tokens (and may create the reviews that needs), the
+    chart offers the reader role, and its ServiceMonitor scrapes with Prometheus's token."""
+    docs = render(*COMBOS["metrics-auth"]).docs
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert "--metrics-auth=token" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    reviews = {r for role in roles.values() for rule in role["rules"] for r in rule.get("resources", [])}
+    assert {"tokenreviews", "subjectaccessreviews"} <= reviews
+    reader = next(r for n, r in roles.items() if n.endswith("-metrics-reader"))
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["bearerTokenFile"].endswith("serviceaccount/token")
+    plain = render().docs
+    assert not any(d["metadata"]["name"].endswith("-metrics-reader") for d in plain)
+    assert "--metrics-auth=token" not in next(d for d in plain if d["kind"] == "Deployment")["spec"]["template"][
+        "spec"]["containers"][0]["args"]

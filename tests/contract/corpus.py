@@ -64,6 +64,9 @@ TOPOLOGIES: dict[str, dict] = {
     "extra-args": {"engine": {"extraArgs": ["--enable-log-requests", "--tool-call-parser", "deepseek_v41",
                                             "--enable-auto-tool-choice", "--reasoning-parser", "deepseek_v41",
                                             "--seed", "7"]}},
+    "routing-cache-aware": {"routing": {"policy": "cache_aware"}},  # the engines get --enable-scale-out
+    "routing-cache-aware-2node": {**_wide("GB300", 2), "routing": {"policy": "cache_aware"}},
+    "routing-off-cache-aware": {"routing": {"enabled": False, "policy": "cache_aware"}},
     "env-and-resources": {"engine": {"env": [{"name": "VLLM_LOG_STATS_INTERVAL", "value": "5"}],
                                      "resources": {"cpu": "64", "memory": "512Gi", "shmSize": "128Gi"}}},
 }

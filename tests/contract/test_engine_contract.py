@@ -106,6 +106,7 @@ def test_corpus_covers_what_the_issue_names():
     assert accs == set(ACCELERATORS) and {1, 2, 3, 4} <= nodes and len(crs) >= 20
     assert any((s.get("parallelism") or {}).get("dbo", {}).get("enabled") for s in specs)
     assert any((s.get("engine") or {}).get("extraArgs") for s in specs)
+    assert any((s.get("routing") or {}).get("policy") == "cache_aware" for s in specs), "--enable-scale-out"
 
 
 def test_every_rendered_pod_passes_all_three_levels(verdicts):
@@ -128,6 +129,7 @@ def test_vllm_configures_what_the_spec_says(verdicts):
         assert cfg["enable_prefix_caching"] == spec.engine.prefix_caching, cid
         assert cfg["enable_eplb"] == spec.parallelism.eplb.enabled, cid
         assert bool(cfg["enable_dbo"]) == spec.parallelism.dbo.enabled, cid
+        assert cfg["enable_scale_out"] == spec.routing.renders_prompts(), cid
         assert cfg["max_num_seqs"] == spec.engine.max_num_seqs, cid
         assert cfg["tensor_parallel_size"] == spec.parallelism.tensor_parallel_size, cid
         gpus = ACCELERATORS[spec.placement.accelerator].gpus_per_node

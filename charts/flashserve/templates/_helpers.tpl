@@ -103,13 +103,33 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  # observed for readiness; all pods of a group are deleted together in a rollout
-  verbs: ["get", "list", "watch", "delete"]
+  # observed for readiness; all pods of a group are deleted together in a rollout; a group is taken out of
+  # routing by patching its pods' flashserve.io/routing label to `drain`. Holding get/list/watch is also what
+  # lets the operator grant them to a router's Role (RBAC refuses to grant what the granter lacks).
+  verbs: ["get", "list", "watch", "patch", "delete"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  # one vllm-router Deployment per serving (spec.routing), deleted when routing is turned off
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  # the router's identity, one per serving
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  # the router's Role (pods: get, list, watch; nothing else) and its binding to the router's ServiceAccount.
+  # No `bind` or `escalate`: the API server lets the operator grant only verbs it holds itself.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   # kopf posts core/v1 Events about servings; a StatefulSet's FailedCreate Events are listed (only while it
   # lacks pods) to say why the API server refuses its pods
   verbs: ["create", "list"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  # Gateway API Inference Extension pools (spec.routing.inferencePool), watched once the CRD is installed.
+  # Not optional: kopf would wait forever for a watch of an installed CRD that it may not list.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if .Values.rbac.computeDomains }}
 - apiGroups: ["resource.nvidia.com"]
   resources: ["computedomains"]

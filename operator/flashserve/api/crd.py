@@ -210,6 +210,20 @@ RULES: dict[str, list[dict[str, str]]] = {
         {"rule": kubevalues.cel_prefix("self.topologyKey"),
          "message": f"topologyKey's prefix must be at most {kubevalues.PREFIX_MAX} characters", "fieldPath": ".topologyKey"},
     ],
+    "RoutingSpec": [
+        {
+            "rule": "self.port != self.metricsPort",
+            "message": "the router's metrics port must differ from its API port: change port or metricsPort",
+            "fieldPath": ".metricsPort",
+        },
+    ],
+    "EndpointPickerRef": [
+        {
+            "rule": "self.kind != 'Service' || has(self.port)",
+            "message": "an endpoint picker that is a Service needs its port: set port.number (the Service port)",
+            "fieldPath": ".port",
+        },
+    ],
     "EnvVarSource": [
         {
             "rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",

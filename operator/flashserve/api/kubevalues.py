@@ -87,8 +87,13 @@ def toleration_errors(key: str | None, operator: str | None, value: str | None, 
     return errors
 
 
+# A container image reference as the kubelet passes it on: no whitespace and no control characters (the API
+# server admits them in a pod; the pull then fails on the node, far from the field that caused it).
+IMAGE = r"^[^\s\x00-\x1f\x7f]+$"
+IMAGE_HINT = "an image reference: no spaces or control characters (e.g. vllm/vllm-openai:v0.33.0)"
+
 HINTS = {QUALIFIED_NAME: QUALIFIED_HINT, TOLERATION_KEY: "empty or " + QUALIFIED_HINT, LABEL_VALUE: LABEL_VALUE_HINT,
-         SECRET_KEY: SECRET_KEY_HINT}  # fmt: skip
+         SECRET_KEY: SECRET_KEY_HINT, IMAGE: IMAGE_HINT}  # fmt: skip
 
 
 def cel_matches(var: str, pattern: str) -> str:

@@ -13,10 +13,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from flashserve.api import kubevalues
 from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
 from flashserve.api.kubevalues import LabelValue, QualifiedName, SecretKey, TolerationKey
 from flashserve.api.quantity import QUANTITY_JSON_SCHEMA
 from flashserve.facts import engine_choices as choices
+from flashserve.facts import router as router_facts
 from flashserve.facts.accelerators import AcceleratorName
 
 GROUP = "flashserve.io"
@@ -144,7 +146,7 @@ class ResourcesSpec(_Model):
 
 
 class EngineSpec(_Model):
-    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=r"^[^\s]+$")
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=kubevalues.IMAGE)
     """vLLM OpenAI server image (vLLM 0.33). Pin a digest in production."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     max_model_len: MaxModelLen = 131072
@@ -342,15 +344,112 @@ class AutoscalingSpec(_Model):
 
 class NetworkPolicySpec(_Model):
     enabled: bool = True
-    """Create a NetworkPolicy for the engine pods (on by default; false removes it and leaves the engines open
-    to every pod of the cluster). Pods of this serving reach each other on every port (data-parallel RPC, NCCL
-    bootstrap); pods of the serving's namespace, of `allowedNamespaces` and of `monitoringNamespaces` reach
-    only the API port, which also serves /metrics; nothing else reaches the engines."""
+    """Create NetworkPolicies for the engine pods and the router pods (on by default; false removes them and
+    leaves both open to every pod of the cluster). Engine pods of this serving reach each other on every port
+    (data-parallel RPC, NCCL bootstrap); its router pods, pods of the serving's namespace, of
+    `allowedNamespaces`, of `monitoringNamespaces` and of the operator's namespace (which reads the engines'
+    /metrics while draining a group) reach only the engine API port, which also serves /metrics. The router
+    pods take the API from the serving's namespace and `allowedNamespaces`, and /metrics from
+    `monitoringNamespaces`. Nothing else reaches either."""
     allowed_namespaces: list[NamespaceName] = Field(default_factory=list, max_length=MAX_LIST)
-    """Namespaces (besides the serving's own) whose pods may call the API port, e.g. a gateway's."""
+    """Namespaces (besides the serving's own) whose pods may call the API, e.g. a gateway's: the router's
+    port and the engines' API port (an inference gateway reaches the engines of an InferencePool directly)."""
     monitoring_namespaces: list[NamespaceName] = Field(default_factory=lambda: ["monitoring"], max_length=MAX_LIST)
     """Namespaces of the Prometheus that scrapes the engines (the autoscaler reads their metrics from it):
     their pods may reach the API port, which serves /metrics. Empty: no namespace beyond the ones above."""
+
+
+# ------------------------------------------------------------------------------------------- routing
+
+
+class CacheAwareSpec(_Model):
+    """Knobs of the `cache_aware` policy (read only when routing.policy is cache_aware), with vllm-router's
+    own defaults."""
+
+    cache_threshold: float = Field(router_facts.CACHE_THRESHOLD, ge=0, le=1)
+    """Share of a prompt that must match an engine's prefix tree for the request to follow the cache;
+    below it the request goes to the engine with the smallest tree (`--cache-threshold`)."""
+    balance_abs_threshold: int = Field(router_facts.BALANCE_ABS_THRESHOLD, ge=0, le=1000000)
+    """Load balancing replaces cache affinity when the busiest and idlest engines differ by more than this
+    many requests and by more than balanceRelThreshold times (`--balance-abs-threshold`)."""
+    balance_rel_threshold: float = Field(router_facts.BALANCE_REL_THRESHOLD, ge=1, le=1000)
+    """The relative half of that test: busiest > idlest x this (`--balance-rel-threshold`)."""
+    eviction_interval_seconds: int = Field(router_facts.EVICTION_INTERVAL_SECS, ge=1, le=86400)
+    """Seconds between evictions from the prefix trees (`--eviction-interval-secs`)."""
+    max_tree_size: int = Field(router_facts.MAX_TREE_SIZE, ge=1024, le=2147483647)
+    """Characters each engine may hold in each model's prefix tree, enforced at eviction (`--max-tree-size`)."""
+
+
+class RouterResourcesSpec(_Model):
+    cpu: Quantity = "1"
+    """CPU request of each router pod (no CPU limit, so bursts are not throttled)."""
+    memory: Quantity = "2Gi"
+    """Memory request and limit of each router pod; cache_aware's prefix trees grow with engines and
+    maxTreeSize."""
+
+
+class EndpointPickerPort(_Model):
+    number: int = Field(ge=1, le=65535)
+    """Port number of the endpoint picker's Service (the Service port, not the target port)."""
+
+
+class EndpointPickerRef(_Model):
+    """The gateway's endpoint picker (GAIE `endpointPickerRef`), copied into the InferencePool."""
+
+    group: str = Field("", max_length=253, pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    """API group of the picker; empty is the core group (a Service)."""
+    kind: str = Field("Service", min_length=1, max_length=63, pattern=r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$")
+    """Kind of the picker; a Service unless the gateway documents another."""
+    name: K8sName
+    """Name of the picker in the serving's namespace."""
+    port: EndpointPickerPort | None = None
+    """Port of the picker; required when kind is Service (the InferencePool API refuses a Service without it)."""
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+    """What the gateway does when the picker does not answer: FailOpen forwards to an endpoint of its own
+    choice, FailClose drops the request."""
+
+
+class InferencePoolSpec(_Model):
+    enabled: bool = False
+    """Render a Gateway API Inference Extension InferencePool (inference.networking.k8s.io/v1) named like the
+    serving, selecting its engine pods that take traffic, with the engine port as target port. Needs the
+    InferencePool CRD in the cluster (installed with the gateway) and a gateway whose HTTPRoute names the pool."""
+    endpoint_picker_ref: EndpointPickerRef | None = None
+    """The gateway's endpoint picker for this pool; unset leaves it to the gateway's implementation."""
+
+
+class RoutingSpec(_Model):
+    enabled: bool = True
+    """Deploy vLLM's router (vllm-router) in front of the engines: the client Service then points at the router
+    pods, which discover the engines of this serving that take traffic. False: the Service points at those
+    engines directly and spreads connections over them, with no session affinity."""
+    policy: Literal[router_facts.POLICIES] = "consistent_hash"  # type: ignore[valid-type]
+    """How the router picks an engine. consistent_hash (default) hashes the session key (X-Session-ID header,
+    else X-User-ID, X-Tenant-ID or body session_params.session_id) onto the engines: it keeps no state, so
+    every router replica sends one session to the same engine and its prefix cache. cache_aware keeps a prefix
+    tree per router replica (replicas disagree) and turns on the engines' --enable-scale-out render routes;
+    sticky_least_loaded keeps sessions per replica; power_of_two, round_robin and random ignore sessions."""
+    cache_aware: CacheAwareSpec = Field(default_factory=CacheAwareSpec)
+    """Knobs of the cache_aware policy."""
+    replicas: int = Field(2, ge=1, le=64)
+    """Router pods. Two or more get a PodDisruptionBudget keeping all but one, so a node drain never takes the
+    endpoint down."""
+    resources: RouterResourcesSpec = Field(default_factory=RouterResourcesSpec)
+    """CPU and memory of each router pod."""
+    image: str = Field(router_facts.ROUTER_IMAGE, min_length=1, max_length=512, pattern=r"^[^\s]+$")
+    """Image with the `vllm-router` command (0.1.17; the project's router image by default). Pin a digest in
+    production."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    port: int = Field(router_facts.DEFAULT_PORT, ge=1024, le=65535)
+    """Port the router serves the OpenAI API on inside its pods (the client Service keeps engine.port)."""
+    metrics_port: int = Field(router_facts.DEFAULT_METRICS_PORT, ge=1024, le=65535)
+    """Port of the router's Prometheus /metrics inside its pods; must differ from port."""
+    inference_pool: InferencePoolSpec = Field(default_factory=InferencePoolSpec)
+    """A Gateway API InferencePool over the engines, for an inference gateway (independent of the router)."""
+
+    def renders_prompts(self) -> bool:
+        """Whether the router asks the engines to render prompts, so they need --enable-scale-out."""
+        return self.enabled and self.policy in router_facts.RENDERING_POLICIES
 
 
 class RolloutSpec(_Model):
@@ -376,7 +475,9 @@ class DeepSeekServingSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     """How pod changes roll out over groups."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
-    """The NetworkPolicy that limits who may reach the engines (on by default)."""
+    """The NetworkPolicies that limit who may reach the engines and the router (on by default)."""
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    """vLLM's router in front of the engines (on by default), and an optional Gateway API InferencePool."""
 
     def speculative_decoding(self) -> bool:
         """Whether the engines run speculative decoding: as set, or by default unless DBO is on."""

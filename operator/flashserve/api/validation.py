@@ -229,6 +229,23 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
             errs.append(
                 FieldError(f"spec.engine.env[{i}].valueFrom", "set exactly one of secretKeyRef or configMapKeyRef")
             )
+    routing = spec.routing
+    if routing.port == routing.metrics_port:
+        errs.append(
+            FieldError(
+                "spec.routing.metricsPort",
+                f"the router's metrics port must differ from its API port ({routing.port}): change one of them",
+            )
+        )
+    picker = routing.inference_pool.endpoint_picker_ref
+    if picker is not None and picker.kind == "Service" and picker.port is None:
+        errs.append(
+            FieldError(
+                "spec.routing.inferencePool.endpointPickerRef.port",
+                "an endpoint picker that is a Service needs its port: set port.number (the Service port, "
+                "e.g. 9002)",
+            )
+        )
     if auto.min_replicas > auto.max_replicas:
         errs.append(
             FieldError(
@@ -258,6 +275,40 @@ def parse_spec(spec: dict | None) -> DeepSeekServingSpec:
     return parsed
 
 
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # apimachinery's TotalAnnotationSizeLimitB
+
+
+def metadata_errors(meta: dict) -> list[FieldError]:
+    """Labels and annotations as the API server takes them: maps of strings, qualified keys, label values of
+    at most 63 characters, annotations of at most 256 KiB in all. A YAML `1` or `true` is not a string there
+    (kubectl refuses the file), so offline it is refused as well, not quietly turned into one."""
+    errs: list[FieldError] = []
+    for field in ("labels", "annotations"):
+        values = meta.get(field)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            errs.append(FieldError(f"metadata.{field}", "must be a mapping of names to strings"))
+            continue
+        size = 0
+        for key, value in values.items():
+            path = f"metadata.{field}[{str(key)[:80]!r}]"
+            if not isinstance(key, str) or not re.fullmatch(kubevalues.QUALIFIED_NAME, key) or kubevalues.prefix_error(key):
+                errs.append(FieldError(path, f"the key is not {kubevalues.QUALIFIED_HINT}"))
+                continue
+            if not isinstance(value, str):
+                errs.append(FieldError(path, f"must be a string, not {type(value).__name__} {str(value)[:40]}: "
+                                             f"quote it ({key}: \"{str(value)[:40]}\")"))  # fmt: skip
+                continue
+            if field == "labels" and not re.fullmatch(kubevalues.LABEL_VALUE, value):
+                errs.append(FieldError(path, f"{value[:80]!r} is not {kubevalues.LABEL_VALUE_HINT}"))
+            size += len(key) + len(value.encode())
+        if field == "annotations" and size > ANNOTATIONS_MAX_BYTES:
+            errs.append(FieldError("metadata.annotations", f"{size} bytes in all; the API server takes at most "
+                                                           f"{ANNOTATIONS_MAX_BYTES}: remove the largest"))  # fmt: skip
+    return errs
+
+
 def parse_serving(obj: dict) -> DeepSeekServing:
     """Validate a whole DeepSeekServing object. Raises SpecError listing every problem."""
     if not isinstance(obj, dict):
@@ -280,6 +331,7 @@ def parse_serving(obj: dict) -> DeepSeekServing:
     if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace)):
         errs.append(FieldError("metadata.namespace", f"{namespace!r} is not a namespace name: lowercase letters, "
                                                      "digits and '-', at most 63"))  # fmt: skip
+    errs += metadata_errors(meta)
     try:
         spec = parse_spec(obj.get("spec"))
     except SpecError as exc:

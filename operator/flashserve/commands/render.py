@@ -50,6 +50,20 @@ class _Loader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        # PyYAML keeps the last of two equal keys; kubectl (strict field validation) refuses the file. Keeping
+        # one silently would render what the user did not mean.
+        seen: set = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = self.construct_object(key_node)
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {str(key)[:80]!r}: keep one of them", key_node.start_mark)
+                if isinstance(key, (str, int, float, bool)):
+                    seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
     def construct_yaml_int(self, node):  # type: ignore[no-untyped-def]
         if len(node.value) > MAX_INT_CHARS:
             raise yaml.constructor.ConstructorError(None, None, f"an integer {len(node.value)} characters long: "

@@ -77,6 +77,43 @@ async def fs_netpols(namespace: str, labels: dict, body: kopf.Body, **_: Any) ->
     return {key: slim(body)} if key else None
 
 
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+async def fs_deployments(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
+@kopf.index("", "v1", "serviceaccounts", labels=MANAGED)
+async def fs_serviceaccounts(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED)
+async def fs_roles(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED)
+async def fs_rolebindings(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
+# The InferencePool CRD comes with an inference gateway and may be missing: kopf then serves no watch for it
+# (it logs that the resource is unresolved) and starts one when the CRD appears.
+@kopf.index("inference.networking.k8s.io", "v1", "inferencepools", labels=MANAGED)
+async def fs_inferencepools(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+    key = serving_key(namespace, labels)
+    _wake(key)
+    return {key: slim(body)} if key else None
+
+
 @kopf.index("", "v1", "pods", labels=MANAGED)
 async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
@@ -94,6 +131,11 @@ CHILD_RESOURCES = {
     ("policy", "v1", "poddisruptionbudgets"): "PodDisruptionBudget",
     ("networking.k8s.io", "v1", "networkpolicies"): "NetworkPolicy",
     ("", "v1", "pods"): "Pod",
+    ("apps", "v1", "deployments"): "Deployment",
+    ("", "v1", "serviceaccounts"): "ServiceAccount",
+    ("rbac.authorization.k8s.io", "v1", "roles"): "Role",
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"): "RoleBinding",
+    ("inference.networking.k8s.io", "v1", "inferencepools"): "InferencePool",
 }
 MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 
@@ -134,6 +176,11 @@ async def serving_event(
     fs_pdbs: kopf.Index,
     fs_pods: kopf.Index,
     fs_netpols: kopf.Index,
+    fs_deployments: kopf.Index,
+    fs_serviceaccounts: kopf.Index,
+    fs_roles: kopf.Index,
+    fs_rolebindings: kopf.Index,
+    fs_inferencepools: kopf.Index,
     **_: Any,
 ) -> None:
     key = (namespace, serving_label_value(name))
@@ -150,7 +197,8 @@ async def serving_event(
         return
     _bodies[key] = copy.deepcopy(dict(body))
     if key not in _workers or _workers[key].done():
-        indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods, fs_netpols)
+        indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods, fs_netpols, fs_deployments, fs_serviceaccounts,
+                   fs_roles, fs_rolebindings, fs_inferencepools)  # fmt: skip
         # Children made by earlier versions may carry the label value those gave; the reconciler keeps only
         # the ones this serving owns.
         keys = [key, legacy]
@@ -162,16 +210,25 @@ async def serving_event(
 
 
 def _observed(keys: list[tuple[str, str]], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index,
-              netpols: kopf.Index) -> Observed:
+              netpols: kopf.Index, deployments: kopf.Index, serviceaccounts: kopf.Index, roles: kopf.Index,
+              rolebindings: kopf.Index, inferencepools: kopf.Index) -> Observed:  # fmt: skip
     def items(index: kopf.Index) -> list:
         return [item for key in dict.fromkeys(keys) for item in index.get(key, [])]
+
+    def by_name(index: kopf.Index) -> dict[str, dict]:
+        return {s["metadata"]["name"]: s for s in items(index)}
 
     return Observed(
         statefulsets={s["metadata"]["name"]: s for s in items(sts) if not s["metadata"]["deletionTimestamp"]},
         services={s["metadata"]["name"]: s for s in items(svcs) if not s["metadata"]["deletionTimestamp"]},
-        pdbs={s["metadata"]["name"]: s for s in items(pdbs)},
-        netpols={s["metadata"]["name"]: s for s in items(netpols)},
+        pdbs=by_name(pdbs),
+        netpols=by_name(netpols),
         pods=items(pods),
+        deployments=by_name(deployments),
+        serviceaccounts=by_name(serviceaccounts),
+        roles=by_name(roles),
+        rolebindings=by_name(rolebindings),
+        inferencepools=by_name(inferencepools),
     )
 
 

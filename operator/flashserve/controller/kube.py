@@ -25,6 +25,11 @@ _PATHS = {
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}",
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains/{name}",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts/{name}",
+    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools/{name}",
 }  # fmt: skip
 _KIND_VERSION = {kind: api for api, kind in _PATHS}
 EVENTS_PATH = "/api/v1/namespaces/{ns}/events"
@@ -88,14 +93,18 @@ class Kube:
             if exc.status not in (404, 409):  # already gone (or replaced by another object) is the goal
                 raise
 
-    def failed_create_message(self, namespace: str, statefulset: str, uid: str | None = None) -> str | None:
+    def failed_create_message(self, namespace: str, statefulset: str, uid: str | None = None,
+                              not_before: str | None = None) -> str | None:
         """The message of the latest FailedCreate Event the StatefulSet controller recorded on a StatefulSet
-        (only on the one with `uid`, when given: not on an earlier one of the same name), else None."""
+        (only on the one with `uid`, when given: not on an earlier one of the same name; only one last seen at
+        or after `not_before`, RFC 3339, when given: not one left over from an earlier shortage), else None."""
         selector = f"involvedObject.kind=StatefulSet,involvedObject.name={statefulset},reason=FailedCreate"
         if uid:
             selector += f",involvedObject.uid={uid}"
         items = json.loads(self._call("GET", EVENTS_PATH.format(ns=namespace), query=[("fieldSelector", selector)]))
         events = [e for e in (items or {}).get("items") or [] if isinstance(e, dict)]
+        if not_before:
+            events = [e for e in events if _event_time(e)[:19] >= not_before[:19]]
         if not events:
             return None
         latest = max(events, key=_event_time)

@@ -20,6 +20,7 @@ from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
 from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.reconciler import Controller
+from flashserve.render.renderer import OPERATOR_NAMESPACE
 
 log = logging.getLogger("flashserve")
 
@@ -59,9 +60,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="liveness endpoint URL to serve (empty to disable)")  # fmt: skip
     p.add_argument("--metrics-address", default=env("FLASHSERVE_METRICS_ADDRESS", "127.0.0.1:8082"),
                    help="host:port of the operator's own Prometheus metrics (empty to disable)")  # fmt: skip
+    p.add_argument("--metrics-auth", choices=("none", "token"), default=env("FLASHSERVE_METRICS_AUTH", "none"),
+                   help="token: a scrape must carry a bearer token that a TokenReview accepts and that may `get` "
+                        "the non-resource URL /metrics (SubjectAccessReview)")  # fmt: skip
+    p.add_argument("--metrics-cert-file", default=env("FLASHSERVE_METRICS_CERT_FILE"),
+                   help="serve metrics over TLS with this certificate (PEM); with --metrics-key-file")
+    p.add_argument("--metrics-key-file", default=env("FLASHSERVE_METRICS_KEY_FILE"))
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
                    help="hold a Lease so only one replica acts (default on)")  # fmt: skip
     p.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "default"))
+    p.add_argument("--operator-namespace", default=env("POD_NAMESPACE", OPERATOR_NAMESPACE),
+                   help="namespace of the operator's pods, which the engines' NetworkPolicy lets reach their API "
+                   f"port (/metrics, read while draining); default $POD_NAMESPACE, else {OPERATOR_NAMESPACE}")  # fmt: skip
     p.add_argument("--lease-name", default="flashserve-operator")
     p.add_argument("--watch-timeout", type=int, default=int(env("FLASHSERVE_WATCH_TIMEOUT", "300")),
                    help="server-side watch timeout in seconds; the client gives up 30 s later")  # fmt: skip
@@ -111,15 +121,22 @@ async def _run(args: argparse.Namespace) -> int:
             if standby is not None:
                 await standby.cleanup()
 
-    controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url)
+    controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url,
+                            operator_namespace=args.operator_namespace)  # fmt: skip
     allow = PrometheusAllowList(operator_url=args.prometheus_url, entries=parse_entries(args.prometheus_allow),
                                 own_namespace=args.prometheus_allow_own_namespace)  # fmt: skip
     controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url, allow=allow)
     if args.metrics_address:
         from flashserve.controller.metrics import serve_metrics
 
+        gate = None
+        if args.metrics_auth == "token":
+            from flashserve.controller.metrics_auth import Gate, KubeReviewer
+
+            gate = Gate(KubeReviewer(_api_client(args.kubeconfig)))
         host, _, port = args.metrics_address.rpartition(":")
-        serve_metrics(host or "127.0.0.1", int(port), controller)
+        serve_metrics(host or "127.0.0.1", int(port), controller, gate=gate, certfile=args.metrics_cert_file,
+                      keyfile=args.metrics_key_file)
 
     @kopf.on.startup()
     def configure(settings: kopf.OperatorSettings, **_: object) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
 REGISTRY = CollectorRegistry()
@@ -24,6 +24,10 @@ class _ControllerCollector:
             yield from scaler.collect()
 
 
-def serve_metrics(host: str, port: int, controller: object) -> None:
+def serve_metrics(host: str, port: int, controller: object, gate=None, certfile: str | None = None,
+                  keyfile: str | None = None):
+    """Serve the operator's metrics; with `gate` (metrics_auth.Gate) only to authorised scrapers."""
+    from flashserve.controller.metrics_auth import serve
+
     REGISTRY.register(_ControllerCollector(controller))
-    start_http_server(port, addr=host, registry=REGISTRY)
+    return serve(host, port, REGISTRY, gate=gate, certfile=certfile, keyfile=keyfile)

@@ -32,6 +32,19 @@ class Observed:
     pdbs: dict[str, dict] = field(default_factory=dict)
     netpols: dict[str, dict] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)
+    # The router's children and the InferencePool, by name
+    deployments: dict[str, dict] = field(default_factory=dict)
+    serviceaccounts: dict[str, dict] = field(default_factory=dict)
+    roles: dict[str, dict] = field(default_factory=dict)
+    rolebindings: dict[str, dict] = field(default_factory=dict)
+    inferencepools: dict[str, dict] = field(default_factory=dict)
+
+    def by_kind(self) -> dict[str, dict[str, dict]]:
+        """The observed children of each kind the controller watches, by name (pods aside)."""
+        return {"StatefulSet": self.statefulsets, "Service": self.services, "PodDisruptionBudget": self.pdbs,
+                "NetworkPolicy": self.netpols, "Deployment": self.deployments,
+                "ServiceAccount": self.serviceaccounts, "Role": self.roles, "RoleBinding": self.rolebindings,
+                "InferencePool": self.inferencepools}  # fmt: skip
 
 
 def controller_uid(child: dict) -> str | None:
@@ -67,6 +80,11 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         pdbs={n: s for n, s in observed.pdbs.items() if mine(s)},
         netpols={n: s for n, s in observed.netpols.items() if mine(s)},
         pods=[p for p in observed.pods if statefulset_of(p.name) in sts],
+        deployments={n: s for n, s in observed.deployments.items() if mine(s)},
+        serviceaccounts={n: s for n, s in observed.serviceaccounts.items() if mine(s)},
+        roles={n: s for n, s in observed.roles.items() if mine(s)},
+        rolebindings={n: s for n, s in observed.rolebindings.items() if mine(s)},
+        inferencepools={n: s for n, s in observed.inferencepools.items() if mine(s)},
     )
 
 
@@ -92,6 +110,9 @@ def serving_key(namespace: str, labels: dict) -> tuple[str, str] | None:
     return (namespace, serving) if serving else None
 
 
+RBAC_FIELDS = ("rules", "roleRef", "subjects")
+
+
 def slim(body: dict) -> dict:
     """The parts of a child the controller compares against what it renders."""
     meta = body.get("metadata", {})
@@ -109,6 +130,8 @@ def slim(body: dict) -> dict:
         },
         "spec": body.get("spec", {}),
         "status": body.get("status", {}),
+        # What RBAC objects hold instead of a spec
+        **{k: body[k] for k in RBAC_FIELDS if k in body},
     }
 
 

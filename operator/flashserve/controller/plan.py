@@ -34,10 +34,11 @@ from flashserve.render.naming import (
     legacy_serving_label_value,
     network_policy_name,
     pdb_name,
+    router_name,
     service_name,
     serving_label_value,
 )
-from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION, template_hash
+from flashserve.render.renderer import OPERATOR_NAMESPACE, TEMPLATE_HASH_ANNOTATION, template_hash
 
 CHANNEL_SUFFIX = "-channel"  # a ComputeDomain's channel ResourceClaimTemplate is `<computedomain>-channel`
 
@@ -102,7 +103,9 @@ def _group_state(index: int, sts: dict | None, pods: list[PodView], nodes: int, 
 def _needs_apply(obj: dict, live: dict | None) -> bool:
     if live is None:
         return True
-    for part in ("metadata", "spec"):
+    # metadata, and whatever holds the object's content: spec, or a Role's rules, a RoleBinding's roleRef and
+    # subjects
+    for part in [k for k in obj if k not in ("apiVersion", "kind", "status")]:
         want = obj.get(part, {})
         if part == "metadata":
             want = {k: v for k, v in want.items() if k in ("labels", "annotations", "ownerReferences")}
@@ -113,8 +116,7 @@ def _needs_apply(obj: dict, live: dict | None) -> bool:
 
 def _live(observed: Observed, obj: dict) -> dict | None:
     kind, name = obj["kind"], obj["metadata"]["name"]
-    table = {"StatefulSet": observed.statefulsets, "Service": observed.services, "PodDisruptionBudget": observed.pdbs,
-             "NetworkPolicy": observed.netpols}  # fmt: skip
+    table = observed.by_kind()
     if kind not in table:
         return None  # kinds the controller does not watch (ComputeDomain) are applied when their group changes
     return table[kind].get(name)
@@ -203,8 +205,12 @@ def _compute_domains_of_rendered(sts: dict) -> list[str]:
             if c.get("resourceClaimTemplateName", "").endswith(CHANNEL_SUFFIX)]  # fmt: skip
 
 
+# The router's children, deleted when routing is turned off.
+ROUTER_KINDS = ("Deployment", "RoleBinding", "Role", "ServiceAccount")
+
+
 def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
-         cache: RenderCache | None = None) -> Plan:
+         cache: RenderCache | None = None, operator_namespace: str = OPERATOR_NAMESPACE) -> Plan:
     cache = CACHE if cache is None else cache
     digest = spec_digest(obj)
     spec = obj.spec
@@ -279,7 +285,8 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
                     out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
     out.groups = states
 
-    for o in cache.shared(obj, digest):
+    shared = cache.shared(obj, digest, operator_namespace)
+    for o in shared:
         live = _live(observed, o)
         if _needs_apply(o, live):
             out.apply.append(o)
@@ -288,6 +295,17 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
 
     if not spec.network_policy.enabled:
         out.delete += [("NetworkPolicy", n) for n in observed.netpols]
+    # The router's children and the InferencePool that are no longer rendered (routing or the pool turned
+    # off, or the router's budget once replicas drop below two). Other budgets and policies are the engines'
+    # (or of earlier names), handled below.
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in shared}
+    router = router_name(name)
+    for kind in ROUTER_KINDS + ("InferencePool",):
+        out.delete += [(kind, n) for n in sorted(observed.by_kind()[kind]) if (kind, n) not in wanted]
+    if ("PodDisruptionBudget", router) not in wanted and router in observed.pdbs:
+        out.delete.append(("PodDisruptionBudget", router))
+    if spec.network_policy.enabled and ("NetworkPolicy", router) not in wanted and router in observed.netpols:
+        out.delete.append(("NetworkPolicy", router))
 
     # Groups beyond the desired count, highest first (under any name); their headless Services and
     # ComputeDomains with them.
@@ -321,14 +339,15 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
     for n, s in sorted(observed.pdbs.items()):
         # Two budgets over the same pods make every eviction fail: drop the old one at once when the new one
         # covers the same pods.
-        if n != pdb_name(name) and (same_pods or not old_left):
+        if n not in (pdb_name(name), router) and (same_pods or not old_left):
             out.delete.append(("PodDisruptionBudget", n))
     if not old_left:
         for n, s in sorted(observed.services.items()):
             if s["metadata"]["labels"].get(GROUP_LABEL) is None and n != service_name(name):
                 out.delete.append(("Service", n))
         if spec.network_policy.enabled:
-            out.delete += [("NetworkPolicy", n) for n in sorted(observed.netpols) if n != network_policy_name(name)]
+            out.delete += [("NetworkPolicy", n) for n in sorted(observed.netpols)
+                           if n not in (network_policy_name(name), router)]  # fmt: skip
     return out
 
 

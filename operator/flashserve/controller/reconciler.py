@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flashserve.api.v1alpha1 import DeepSeekServing
-from flashserve.clock import now_iso
+from flashserve.clock import iso_ago, now_iso
 from flashserve.api.validation import SpecError, parse_spec
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import (
@@ -47,7 +47,7 @@ from flashserve.render.naming import (
     SERVING_LABEL,
     serving_label_value,
 )
-from flashserve.render.renderer import endpoint, selector_string
+from flashserve.render.renderer import OPERATOR_NAMESPACE, endpoint, selector_string
 
 API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 
@@ -63,6 +63,11 @@ RECENT_WRITE_S = 10.0
 # PODS_GRACE_S while the shortage lasts, or every REFUSAL_RECHECK_S while it has no such Event.
 PODS_GRACE_S = 5.0
 REFUSAL_RECHECK_S = 10.0
+# Events live about an hour, so a FailedCreate of an earlier shortage can still be listed during a later one
+# with another cause. Only Events seen since the shortage began count, less the longest a controller's retry
+# backoff waits (client-go's default rate limiter: 1000 s): a refusal that goes on is recorded again within
+# it, also when the operator (re)started in the middle of a shortage.
+EVENT_BACKOFF_MAX_S = 1000.0
 
 
 # Planning renders templates: seconds of CPU for a serving at the group ceiling when its spec changes. It runs
@@ -75,9 +80,9 @@ _planner = concurrent.futures.ThreadPoolExecutor(max_workers=PLAN_THREADS, threa
 log = logging.getLogger(__name__)
 
 
-def _planned(obj: DeepSeekServing, mine: Observed) -> tuple[Plan, list[str]]:
+def _planned(obj: DeepSeekServing, mine: Observed, operator_namespace: str = OPERATOR_NAMESPACE) -> tuple[Plan, list[str]]:
     """The plan and the digest of each object it applies (hashing thousands of objects is work too)."""
-    p = plan(obj, mine)
+    p = plan(obj, mine, operator_namespace=operator_namespace)
     return p, [_digest(o) for o in p.apply]
 
 
@@ -131,6 +136,7 @@ class Controller:
     prometheus_url: str | None = None
     stats: Stats = field(default_factory=Stats)
     autoscaler: object | None = None  # flashserve.controller.autoscale.Autoscaler, when enabled
+    operator_namespace: str = OPERATOR_NAMESPACE  # where the operator runs: its pods may reach the engines
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
@@ -221,8 +227,10 @@ class Controller:
             last = read.get(sts)
             if last is None or now - last[1] >= (REFUSAL_RECHECK_S if last[0] is None else PODS_GRACE_S):
                 uid = (mine.statefulsets[sts].get("metadata") or {}).get("uid")
+                not_before = iso_ago(now - t + EVENT_BACKOFF_MAX_S)
                 try:
-                    message = await asyncio.to_thread(self.kube.failed_create_message, namespace, sts, uid)
+                    message = await asyncio.to_thread(self.kube.failed_create_message, namespace, sts, uid,
+                                                      not_before)  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - not knowing why is no reason to fail the reconcile
                     log.warning("%s/%s: reading the events of StatefulSet/%s failed: %s", namespace, name, sts,
                                 _api_message(exc))  # fmt: skip
@@ -271,7 +279,7 @@ class Controller:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
         loop = asyncio.get_running_loop()
-        p, digests = await loop.run_in_executor(_planner, _planned, obj, mine)
+        p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace)
         self._skip_repeats(namespace, p, digests)
         outcome = Outcome()
         if p.writes:
@@ -314,9 +322,7 @@ class Controller:
         if not uid:
             return None
         kind, name = obj["kind"], obj["metadata"]["name"]
-        table = {"StatefulSet": observed.statefulsets, "Service": observed.services,
-                 "PodDisruptionBudget": observed.pdbs, "NetworkPolicy": observed.netpols}  # fmt: skip
-        live = table.get(kind, {}).get(name)
+        live = observed.by_kind().get(kind, {}).get(name)
         if live is None:
             live = self.kube.get(namespace, kind, name)  # not among ours: is the name taken by another object?
         if live is None:

@@ -47,6 +47,7 @@ MANAGED_DESTS: dict[str, str] = {
     "headless": "every pod of a group serves the API",
     "api_server_count": "vLLM derives it from the group's data-parallel layout",
     "disable_log_stats": "the autoscaler reads the engine's Prometheus metrics",
+    "enable_scale_out": "spec.routing.policy (cache_aware turns it on: the router renders prompts on every engine)",
     "custom_histogram_buckets": "finer inter-token latency and time-to-first-token buckets around the SLA",
     # parallelism and the group's wiring
     "tensor_parallel_size": "spec.parallelism.tensorParallelSize",

@@ -8,13 +8,20 @@ Every name here is injective in the serving's name within a namespace, for each 
 never write, select or delete another's children:
 - Names that cannot simply be the serving's name are `<readable prefix>--<hash><suffix>`, where the hash is
   8 base32 characters of the SHA-256 of the exact serving name (40 bits) and the suffix is one of `-g<i>`,
-  `-g<i>-cd` or nothing. The hash has no `-`, so the suffix and the hash are read back unambiguously from
-  the end of the name: two servings' names can only meet if their hashes do.
+  `-g<i>-cd`, `-router` or nothing. The hash has no `-`, so the suffix and the hash are read back unambiguously from
+  the end of the name: two servings' names can only meet if their hashes do. The router's `-router` suffix
+  is read back the same way.
 - The client Service keeps the serving's own name when that is a DNS-1035 label without `--` (most names),
   so its endpoint stays `<serving>.<namespace>.svc`; otherwise it is hashed. A hashed name always contains
   `--`, a kept one never does, so the two sets are disjoint.
 - The PodDisruptionBudget and NetworkPolicy take the serving's exact name (any DNS-1123 subdomain is valid
   for them, and there is one of each per serving).
+- The router's Deployment, ServiceAccount, Role and RoleBinding are `<prefix>--<hash>-router` (one of each
+  per serving, and the only objects of those kinds the operator makes). Its PodDisruptionBudget and
+  NetworkPolicy take the same name; a serving whose own name is exactly that string would meet them with its
+  engines' budget and policy, which only a name chosen to collide can do: the reconciler's owner check then
+  refuses to write the object another serving owns.
+- The InferencePool takes the serving's exact name (one per serving).
 - The serving label value is the exact name when it fits 63 characters; a longer one becomes
   `<prefix>_<hash>`: a `_` cannot appear in a serving name, so it never equals one that is kept.
 
@@ -92,6 +99,15 @@ def pdb_name(serving: str) -> str:
 
 
 def network_policy_name(serving: str) -> str:
+    return serving
+
+
+def router_name(serving: str) -> str:
+    """The router's Deployment, ServiceAccount, Role, RoleBinding, PodDisruptionBudget and NetworkPolicy."""
+    return _hashed(serving, "-router", DNS_LABEL_MAX)
+
+
+def inference_pool_name(serving: str) -> str:
     return serving
 
 

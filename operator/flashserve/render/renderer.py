@@ -28,15 +28,21 @@ from flashserve.api.v1alpha1 import (
 from flashserve.api.validation import parse_serving
 from flashserve.facts.accelerators import GPU_RESOURCE
 from flashserve.facts.layout import Layout, layout
+from flashserve.facts import router as router_facts
 from flashserve.render.naming import (
+    COMPONENT_LABEL,
     GROUP_LABEL,
     GROUP_NAME_LABEL,
     MANAGED_BY,
+    ROUTING_LABEL,
+    ROUTING_SERVE,
     SERVING_LABEL,
     compute_domain_name,
     group_name,
+    inference_pool_name,
     network_policy_name,
     pdb_name,
+    router_name,
     service_name,
     serving_label_value,
 )
@@ -58,6 +64,11 @@ from flashserve.render.vllm_args import (
 TEMPLATE_HASH_ANNOTATION = "flashserve.io/template-hash"
 STARTUP_BUDGET_SECONDS = 3600  # DeepSeek-class replicas take 8-45 minutes to load; probes must allow it
 TERMINATION_GRACE_SECONDS = 120  # let in-flight requests finish after the endpoint is removed
+# The namespace the operator runs in, unless it says otherwise (`flashserve run --operator-namespace`, from
+# the chart's POD_NAMESPACE): its pods may reach the engines' API port, since the operator reads the
+# engines' /metrics directly while it drains a group.
+OPERATOR_NAMESPACE = "flashserve-system"
+ROUTER_UID = 65532  # the router image's unprivileged user (Dockerfile)
 
 
 def _only_json(value: object) -> object:
@@ -118,6 +129,9 @@ def template_hash(spec: DeepSeekServingSpec) -> str:
     pod_inputs = spec.dump()
     pod_inputs = {k: pod_inputs[k] for k in ("model", "engine", "parallelism", "placement")}
     pod_inputs["sla"] = spec.autoscaling.sla.per_user_tokens_per_second
+    if spec.routing.renders_prompts():
+        # The engines' --enable-scale-out; only when on, so servings without it keep their hash.
+        pod_inputs["scaleOut"] = True
     digest = hashlib.sha256(json.dumps(pod_inputs, sort_keys=True).encode()).hexdigest()
     return digest[:16]
 
@@ -142,6 +156,21 @@ def group_pod_selector(serving: str, index: int) -> dict[str, str]:
     current name never selects (nor, through pod affinity, follows) the pods of the same group under an
     earlier name while both exist during the move to the current names."""
     return {SERVING_LABEL: serving_label_value(serving), GROUP_LABEL: str(index), GROUP_NAME_LABEL: group_name(serving, index)}
+
+
+def engine_selector(serving: str) -> dict[str, str]:
+    """Every engine pod of the serving (serving or draining), and no router pod."""
+    return {SERVING_LABEL: serving_label_value(serving), COMPONENT_LABEL: "engine"}
+
+
+def serve_selector(serving: str) -> dict[str, str]:
+    """The engine pods that take new requests: what the router, the plain Service and the InferencePool
+    select. A group being drained carries `flashserve.io/routing: drain` and drops out."""
+    return {**engine_selector(serving), ROUTING_LABEL: ROUTING_SERVE}
+
+
+def router_selector(serving: str) -> dict[str, str]:
+    return {SERVING_LABEL: serving_label_value(serving), COMPONENT_LABEL: "router"}
 
 
 def selector_string(serving: str) -> str:
@@ -190,7 +219,7 @@ def _group_context(obj: DeepSeekServing, lay: Layout, index: int) -> dict:
     name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
     group = group_name(name, index)
     group_selector = group_pod_selector(name, index)
-    group_labels = {**labels(name), "app.kubernetes.io/component": "engine", **group_selector}
+    group_labels = {**labels(name), COMPONENT_LABEL: "engine", **group_selector}
     leader = f"{group}-0.{group}.{namespace}.svc" if lay.multi_node else None
 
     affinity: dict = {"nodeAffinity": node_affinity(spec)}
@@ -234,6 +263,7 @@ def _group_context(obj: DeepSeekServing, lay: Layout, index: int) -> dict:
         "owner": _owner(obj),
         "nodes": lay.nodes,
         "group_labels": group_labels,
+        "pod_labels": {**group_labels, ROUTING_LABEL: ROUTING_SERVE},
         "group_selector": group_selector,
         "sts_annotations": {TEMPLATE_HASH_ANNOTATION: thash},
         "pod_annotations": {
@@ -293,44 +323,129 @@ def _namespace_peers(namespaces: list[str]) -> list[dict]:
     return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}} for ns in dict.fromkeys(namespaces)]
 
 
-def render_shared(obj: DeepSeekServing) -> list[dict]:
-    """Objects shared by all groups: the client Service, the PodDisruptionBudget and [a NetworkPolicy]."""
+def _router_args(obj: DeepSeekServing, namespace: str) -> list[str]:
+    """The router's command line: discovery of this serving's engines that take traffic, then the policy's
+    knobs. --host and --prometheus-host are the pod's every address (its probes and Service reach it there)."""
+    spec, routing = obj.spec, obj.spec.routing
+    args = ["--host", "0.0.0.0", "--port", str(routing.port), "--policy", routing.policy, "--service-discovery",
+            "--selector", *(f"{k}={v}" for k, v in serve_selector(obj.metadata["name"]).items()),
+            "--service-discovery-namespace", namespace, "--service-discovery-port", str(spec.engine.port),
+            "--prometheus-host", "0.0.0.0", "--prometheus-port", str(routing.metrics_port)]  # fmt: skip
+    if routing.policy == "cache_aware":
+        ca = routing.cache_aware
+        args += ["--cache-threshold", f"{ca.cache_threshold:g}", "--balance-abs-threshold", str(ca.balance_abs_threshold),
+                 "--balance-rel-threshold", f"{ca.balance_rel_threshold:g}",
+                 "--eviction-interval-secs", str(ca.eviction_interval_seconds), "--max-tree-size", str(ca.max_tree_size)]  # fmt: skip
+    return args
+
+
+def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
+    name, routing = obj.metadata["name"], obj.spec.routing
+    res = routing.resources
+    return {
+        "router": router_name(name),
+        "router_labels": {**labels(name), COMPONENT_LABEL: "router"},
+        "router_selector": router_selector(name),
+        "router_port": routing.port,
+        "metrics_port": routing.metrics_port,
+        "replicas": routing.replicas,
+        "pod_annotations": {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(routing.metrics_port),
+            "prometheus.io/path": "/metrics",
+        },
+        "termination_grace_seconds": TERMINATION_GRACE_SECONDS,
+        "pod_security_context": {
+            "runAsNonRoot": True,
+            "runAsUser": ROUTER_UID,
+            "runAsGroup": ROUTER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "container_security_context": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "image": routing.image,
+        "image_pull_policy": routing.image_pull_policy,
+        "args": _router_args(obj, namespace),
+        "ports": [
+            {"name": "http", "containerPort": routing.port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": routing.metrics_port, "protocol": "TCP"},
+        ],
+        "resources": {
+            "requests": {"cpu": str(res.cpu), "memory": str(res.memory)},
+            "limits": {"memory": str(res.memory)},
+        },
+        "liveness_path": router_facts.LIVENESS_PATH,
+        "readiness_path": router_facts.READINESS_PATH,
+    }
+
+
+def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:
+    """Objects shared by all groups: the client Service, the engines' PodDisruptionBudget, [their
+    NetworkPolicy], [the router: ServiceAccount, Role, RoleBinding, Deployment, its PodDisruptionBudget and
+    NetworkPolicy], [an InferencePool]. `operator_namespace` is where the operator runs (its pods may reach
+    the engines' API port)."""
     name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
+    routing = obj.spec.routing
     ctx = {
         "service": service_name(name),
         "pdb": pdb_name(name),
         "policy": network_policy_name(name),
         "namespace": namespace,
         "labels": labels(name),
-        "selector": selector(name),
+        "engine_selector": engine_selector(name),
+        "service_selector": router_selector(name) if routing.enabled else serve_selector(name),
         "owner": _owner(obj),
         "port": obj.spec.engine.port,
         "nodes": layout(obj.spec).nodes,
     }
     out = [_render("service.yaml.j2", **ctx), _render("pdb.yaml.j2", **ctx)]
     netpol = obj.spec.network_policy
+    client_peers = [{"podSelector": {}}] + _namespace_peers(netpol.allowed_namespaces)
+    monitoring_peers = _namespace_peers(netpol.monitoring_namespaces)
     if netpol.enabled:
         out.append(
             _render(
                 "networkpolicy.yaml.j2",
                 **ctx,
-                client_peers=[{"podSelector": {}}] + _namespace_peers(netpol.allowed_namespaces),
-                monitoring_peers=_namespace_peers(netpol.monitoring_namespaces),
+                client_peers=client_peers,
+                router_selector=router_selector(name) if routing.enabled else None,
+                monitoring_peers=monitoring_peers,
+                operator_peers=_namespace_peers([operator_namespace]),
             )
         )
+    if routing.enabled:
+        rctx = {**ctx, **_router_context(obj, namespace)}
+        out.append(_render("router-serviceaccount.yaml.j2", **rctx))
+        out.append(_render("router-role.yaml.j2", **rctx))
+        out.append(_render("router-rolebinding.yaml.j2", **rctx))
+        out.append(_render("router-deployment.yaml.j2", **rctx))
+        if routing.replicas >= 2:
+            out.append(_render("router-pdb.yaml.j2", **rctx))
+        if netpol.enabled:
+            out.append(_render("router-networkpolicy.yaml.j2", **rctx, client_peers=client_peers,
+                               monitoring_peers=monitoring_peers))  # fmt: skip
+    if routing.inference_pool.enabled:
+        picker = routing.inference_pool.endpoint_picker_ref
+        out.append(_render("inferencepool.yaml.j2", **ctx, pool=inference_pool_name(name),
+                           pool_selector=serve_selector(name), picker=picker.dump() if picker else None))  # fmt: skip
     return out
 
 
-def render_serving(obj: DeepSeekServing, replicas: int | None = None) -> list[dict]:
+def render_serving(obj: DeepSeekServing, replicas: int | None = None,
+                   operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:  # fmt: skip
     """Every object of a validated serving, groups 0..replicas-1 (default spec.replicas)."""
     count = obj.spec.replicas if replicas is None else replicas
     out: list[dict] = []
     for i in range(count):
         out += render_group(obj, i)
-    return out + render_shared(obj)
+    return out + render_shared(obj, operator_namespace)
 
 
-def render(cr: dict) -> list[dict]:
+def render(cr: dict, operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:
     """Validate a DeepSeekServing dict and render it. Raises SpecError naming each bad field."""
-    return render_serving(parse_serving(cr))
+    return render_serving(parse_serving(cr), operator_namespace=operator_namespace)
 

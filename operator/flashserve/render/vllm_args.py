@@ -138,6 +138,10 @@ def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None
     if spec.autoscaling.sla.ttft_seconds is not None:
         buckets["time_to_first_token"] = ttft_buckets(spec.autoscaling.sla.ttft_seconds)
     args += ["--custom-histogram-buckets", _json(buckets)]
+    if spec.routing.renders_prompts():
+        # cache_aware asks every engine for the prompt's token ids (POST /v1/chat/completions/render), a route
+        # vLLM 0.33 serves only with this flag; without it the router gets 403 and routes on load alone.
+        args.append("--enable-scale-out")
     return args + list(eng.extra_args)
 
 

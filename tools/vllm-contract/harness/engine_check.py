@@ -290,6 +290,8 @@ def check_case(case: dict):
             mode, args = launched.mode, launched.namespace
         result["config"]["launch"] = mode
         result["config"]["api_server_count"] = args.api_server_count
+        # A frontend option (the render routes vllm-router's cache_aware policy asks for): only in the namespace.
+        result["config"]["enable_scale_out"] = getattr(args, "enable_scale_out", None)
         result["level"] = "serve"
 
         stage = "args"

@@ -1,0 +1,47 @@
+"""Facts about vLLM's router (`vllm-router` 0.1.17, PyPI) that the API and the renderer rely on.
+
+Checked against the binary itself (`vllm-router --help`, and the routes it answers when started on 127.0.0.1;
+docs/routing.md records how), not against its documentation.
+"""
+
+from __future__ import annotations
+
+VLLM_ROUTER_VERSION = "0.1.17"
+# The project's router image (the Dockerfile's `router` stage): `vllm-router==0.1.17` on the operator's base,
+# run as a non-root user. Its tag is the router's version, so the default changes only with the router.
+ROUTER_IMAGE = f"ghcr.io/flashserve/flashserve-router:{VLLM_ROUTER_VERSION}"
+
+# `--policy` choices that work on plain vLLM engines: kv_aware needs vLLM's KV events (ZMQ) and the prefill/
+# decode options need disaggregated serving, neither of which the operator sets up.
+POLICIES: tuple[str, ...] = (
+    "consistent_hash",
+    "cache_aware",
+    "power_of_two",
+    "round_robin",
+    "random",
+    "sticky_least_loaded",
+)
+# Policies that ask every engine to render the prompt (POST /v1/chat/completions/render), which vLLM 0.33
+# serves only with `--enable-scale-out`; without it they answer 403 and the policy routes on load alone.
+RENDERING_POLICIES: frozenset[str] = frozenset({"cache_aware"})
+
+# The router's own defaults (`vllm-router --help`), which the API's defaults repeat.
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
+EVICTION_INTERVAL_SECS = 120
+MAX_TREE_SIZE = 33554432  # characters per worker in each model's prefix tree
+
+DEFAULT_PORT = 8000
+# The router's --prometheus-port default; its help says metrics are off without the flag, but 0.1.17 binds
+# this port anyway, so the operator always passes it.
+DEFAULT_METRICS_PORT = 29000
+
+# Routes of 0.1.17, as answered on 127.0.0.1 with no workers: /liveness 200 (the process serves), /readiness
+# 503 until at least one worker is healthy (200 after), /health 200 even with no workers ("All servers
+# healthy"), /health_generate 503 without workers. The metrics server answers /metrics on its own port.
+LIVENESS_PATH = "/liveness"
+READINESS_PATH = "/readiness"
+
+# The session key consistent_hash and sticky_least_loaded read first (docs/vllm-router.md).
+SESSION_HEADER = "X-Session-ID"

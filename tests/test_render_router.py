@@ -1,0 +1,213 @@
+"""The router the operator renders per serving (spec.routing): its Deployment and RBAC, the Service pointing at
+it, the engines' label and flag, the InferencePool, and the errors of the routing fields. The router's command
+line is parsed by vllm-router 0.1.17's own launcher, so a flag it does not know (or reads differently) fails."""
+
+from __future__ import annotations
+
+import pytest
+from flashserve.api.validation import SpecError, parse_serving
+from flashserve.facts import router as router_facts
+from flashserve.render.naming import ROUTING_LABEL, ROUTING_SERVE, router_name
+from flashserve.render.renderer import render, template_hash
+
+from tests.builders import by_kind, cr
+from tests.pod_security import violations
+
+NS = "team-a"
+
+
+def _render(spec: dict, name: str = "flash") -> list[dict]:
+    c = cr(spec, name=name)
+    c["metadata"]["namespace"] = NS
+    return render(c)
+
+
+def _router(objs: list[dict]) -> dict:
+    (dep,) = by_kind(objs, "Deployment")
+    return dep
+
+
+def _container(objs: list[dict]) -> dict:
+    (c,) = _router(objs)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def _engine_args(objs: list[dict]) -> list[str]:
+    return by_kind(objs, "StatefulSet")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def _client_service(objs: list[dict]) -> dict:
+    return next(s for s in by_kind(objs, "Service") if s["spec"].get("clusterIP") != "None")
+
+
+def test_default_router_command_line_is_the_contract():
+    c = _container(_render({}))
+    assert c["name"] == "router" and c["command"] == ["vllm-router"]
+    assert c["image"] == router_facts.ROUTER_IMAGE
+    assert c["args"] == [
+        "--host", "0.0.0.0", "--port", "8000", "--policy", "consistent_hash", "--service-discovery",
+        "--selector", "flashserve.io/serving=flash", "app.kubernetes.io/component=engine", "flashserve.io/routing=serve",
+        "--service-discovery-namespace", NS, "--service-discovery-port", "8000",
+        "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000",
+    ]  # fmt: skip
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"},
+                          {"name": "metrics", "containerPort": 29000, "protocol": "TCP"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", router_facts.POLICIES)
+def test_vllm_router_reads_the_rendered_command_line_as_meant(policy):
+    launcher = pytest.importorskip("vllm_router.launch_router", reason="vllm-router 0.1.17 is installed with `make install`")
+    spec = {"engine": {"port": 8100}, "routing": {"policy": policy, "port": 8200, "metricsPort": 29100,
+                                                  "cacheAware": {"cacheThreshold": 0.55, "balanceAbsThreshold": 8,
+                                                                 "balanceRelThreshold": 1.25, "evictionIntervalSeconds": 30,
+                                                                 "maxTreeSize": 1048576}}}  # fmt: skip
+    args = launcher.parse_router_args(_container(_render(spec))["args"])
+    assert (args.host, args.port, args.policy) == ("0.0.0.0", 8200, policy)
+    assert args.service_discovery and args.service_discovery_namespace == NS and args.service_discovery_port == 8100
+    assert args.selector == {"flashserve.io/serving": "flash", "app.kubernetes.io/component": "engine",
+                             ROUTING_LABEL: ROUTING_SERVE}  # fmt: skip
+    assert (args.prometheus_host, args.prometheus_port) == ("0.0.0.0", 29100)
+    knobs = (args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold, args.eviction_interval_secs,
+             args.max_tree_size)  # fmt: skip
+    if policy == "cache_aware":
+        assert knobs == (0.55, 8, 1.25, 30, 1048576)
+    else:  # the knobs are left out, so the router's defaults stand (they do nothing for other policies)
+        assert knobs == (router_facts.CACHE_THRESHOLD, router_facts.BALANCE_ABS_THRESHOLD,
+                         router_facts.BALANCE_REL_THRESHOLD, router_facts.EVICTION_INTERVAL_SECS,
+                         router_facts.MAX_TREE_SIZE)  # fmt: skip
+
+
+def test_the_api_defaults_are_the_routers_own():
+    launcher = pytest.importorskip("vllm_router.launch_router", reason="vllm-router 0.1.17 is installed with `make install`")
+    defaults = launcher.parse_router_args([])
+    ca = parse_serving(cr({})).spec.routing.cache_aware
+    assert (ca.cache_threshold, ca.balance_abs_threshold, ca.balance_rel_threshold, ca.eviction_interval_seconds,
+            ca.max_tree_size) == (defaults.cache_threshold, defaults.balance_abs_threshold,
+                                  defaults.balance_rel_threshold, defaults.eviction_interval_secs,
+                                  defaults.max_tree_size)  # fmt: skip
+    assert defaults.prometheus_port == router_facts.DEFAULT_METRICS_PORT
+
+
+def test_router_pod_is_locked_down_and_probed_on_its_real_routes():
+    objs = _render({})
+    pod = _router(objs)["spec"]["template"]["spec"]
+    assert violations(pod, "restricted") == []
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]} and not sc["allowPrivilegeEscalation"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
+    assert pod["serviceAccountName"] == router_name("flash") and pod["automountServiceAccountToken"] is True
+    c = pod["containers"][0]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
+    assert c["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+    ann = _router(objs)["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/port"] == "29000"
+
+
+def test_router_rbac_reads_pods_and_nothing_else():
+    objs = _render({})
+    name = router_name("flash")
+    (role,) = by_kind(objs, "Role")
+    assert role["metadata"]["name"] == name
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    (binding,) = by_kind(objs, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NS}]
+    (sa,) = by_kind(objs, "ServiceAccount")
+    assert sa["metadata"]["name"] == name
+
+
+def test_labels_and_selectors_of_router_engines_and_service():
+    objs = _render({"replicas": 2})
+    dep = _router(objs)
+    router_sel = {"flashserve.io/serving": "flash", "app.kubernetes.io/component": "router"}
+    assert dep["spec"]["selector"]["matchLabels"] == router_sel
+    assert router_sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert _client_service(objs)["spec"]["selector"] == router_sel
+    for sts in by_kind(objs, "StatefulSet"):
+        pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert pod_labels[ROUTING_LABEL] == ROUTING_SERVE and pod_labels["app.kubernetes.io/component"] == "engine"
+        assert ROUTING_LABEL not in sts["spec"]["selector"]["matchLabels"], "a drained pod stays its group's"
+
+
+def test_router_budget_only_with_two_replicas_or_more():
+    def budgets(replicas: int) -> list[dict]:
+        objs = _render({"routing": {"replicas": replicas}})
+        return [p for p in by_kind(objs, "PodDisruptionBudget") if p["metadata"]["name"] == router_name("flash")]
+
+    assert budgets(1) == []
+    (pdb,) = budgets(2)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
+    assert _router(_render({"routing": {"replicas": 3}}))["spec"]["replicas"] == 3
+
+
+def test_routing_off_gives_the_plain_service_over_serving_engines():
+    objs = _render({"routing": {"enabled": False, "policy": "cache_aware"}})
+    assert not {"Deployment", "ServiceAccount", "Role", "RoleBinding"} & {o["kind"] for o in objs}
+    assert _client_service(objs)["spec"]["selector"] == {
+        "flashserve.io/serving": "flash", "app.kubernetes.io/component": "engine", ROUTING_LABEL: ROUTING_SERVE}
+    assert "--enable-scale-out" not in _engine_args(objs), "no router asks the engines to render"
+    assert [p["metadata"]["name"] for p in by_kind(objs, "PodDisruptionBudget")] == ["flash"]
+
+
+def test_only_cache_aware_gives_the_engines_the_render_routes():
+    for policy in router_facts.POLICIES:
+        args = _engine_args(_render({"routing": {"policy": policy}}))
+        assert ("--enable-scale-out" in args) == (policy == "cache_aware"), policy
+
+
+def test_routing_changes_restart_engines_only_when_their_command_line_changes():
+    h = lambda spec: template_hash(parse_serving(cr(spec)).spec)  # noqa: E731
+    base = h({})
+    assert base == h({"routing": {"enabled": False}}) == h({"routing": {"policy": "power_of_two", "replicas": 5}})
+    assert h({"routing": {"policy": "cache_aware"}}) != base
+    assert h({"routing": {"policy": "cache_aware", "enabled": False}}) == base
+
+
+def test_inference_pool_selects_the_serving_engines_on_the_engine_port():
+    assert not by_kind(_render({}), "InferencePool"), "off by default"
+    objs = _render({"engine": {"port": 8100}, "routing": {"inferencePool": {"enabled": True}}})
+    (pool,) = by_kind(objs, "InferencePool")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["metadata"]["name"] == "flash"
+    assert pool["spec"] == {
+        "selector": {"matchLabels": {"flashserve.io/serving": "flash", "app.kubernetes.io/component": "engine",
+                                     ROUTING_LABEL: ROUTING_SERVE}},
+        "targetPorts": [{"number": 8100}],
+    }  # fmt: skip
+    picked = _render({"routing": {"inferencePool": {"enabled": True, "endpointPickerRef": {
+        "name": "epp", "port": {"number": 9002}, "failureMode": "FailOpen"}}}})  # fmt: skip
+    assert by_kind(picked, "InferencePool")[0]["spec"]["endpointPickerRef"] == {
+        "group": "", "kind": "Service", "name": "epp", "port": {"number": 9002}, "failureMode": "FailOpen"}
+    # The pool is independent of the router: routing off keeps it.
+    assert by_kind(_render({"routing": {"enabled": False, "inferencePool": {"enabled": True}}}), "InferencePool")
+
+
+@pytest.mark.parametrize(
+    ("routing", "path", "words"),
+    [
+        ({"metricsPort": 8000}, "spec.routing.metricsPort", "must differ"),
+        ({"policy": "kv_aware"}, "spec.routing.policy", "consistent_hash"),
+        ({"replicas": 0}, "spec.routing.replicas", "greater than or equal to 1"),
+        ({"port": 80}, "spec.routing.port", "greater than or equal to 1024"),
+        ({"cacheAware": {"cacheThreshold": 1.5}}, "spec.routing.cacheAware.cacheThreshold", "less than or equal to 1"),
+        ({"cacheAware": {"balanceRelThreshold": 0.5}}, "spec.routing.cacheAware.balanceRelThreshold", "greater than"),
+        ({"image": "has space"}, "spec.routing.image", "pattern"),
+        ({"inferencePool": {"enabled": True, "endpointPickerRef": {"name": "epp"}}},
+         "spec.routing.inferencePool.endpointPickerRef.port", "set port.number"),
+        ({"inferencePool": {"endpointPickerRef": {"name": "epp", "kind": "not/a/kind"}}},
+         "spec.routing.inferencePool.endpointPickerRef.kind", "pattern"),
+        ({"inferencePool": {"endpointPickerRef": {"name": "epp", "port": {"number": 9002}, "failureMode": "Maybe"}}},
+         "spec.routing.inferencePool.endpointPickerRef.failureMode", "FailOpen"),
+    ],
+)  # fmt: skip
+def test_bad_routing_fields_are_named_with_the_fix(routing, path, words):
+    with pytest.raises(SpecError) as err:
+        parse_serving(cr({"routing": routing}))
+    assert any(e.path == path and words in e.message for e in err.value.errors), err.value.errors
+
+
+def test_a_picker_of_another_kind_needs_no_port():
+    objs = _render({"routing": {"inferencePool": {"enabled": True, "endpointPickerRef": {
+        "group": "gateway.example.com", "kind": "Picker", "name": "epp"}}}})  # fmt: skip
+    assert "port" not in by_kind(objs, "InferencePool")[0]["spec"]["endpointPickerRef"]
