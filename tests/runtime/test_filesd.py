@@ -12,12 +12,12 @@ B = EngineTarget("127.64.1.1", 8000, "demo", "flash-g0-0", "flash", "0")
 
 
 def test_one_group_per_engine_with_the_labels_queries_use():
-    groups = target_groups([A, B], router="127.0.0.1:18000")
+    groups = target_groups([A, B], status="127.0.0.1:18000")
     assert groups[0] == {"targets": ["127.64.1.1:8000"],
                          "labels": {"job": "vllm", "namespace": "demo", "pod": "flash-g0-0", "serving": "flash",
                                     "group": "0"}}
     assert groups[1]["labels"]["node"] == "gb200-r0-n00"
-    assert groups[2] == {"targets": ["127.0.0.1:18000"], "labels": {"job": "flashserve-router"}}
+    assert groups[2] == {"targets": ["127.0.0.1:18000"], "labels": {"job": "flashserve-runtime"}}
     assert target_groups([B, A]) == target_groups([A, B])
 
 

@@ -18,8 +18,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flashserve mock-runtime",
         description="Run the mock `vllm serve` for every DeepSeekServing pod that KWOK runs on a simulated GPU node, "
-                    "keep pod readiness honest, publish engines to Prometheus (file_sd) and, with --router-port, "
-                    "serve one OpenAI endpoint per serving at http://127.0.0.1:PORT/NAMESPACE/SERVING/v1.")
+                    "run each serving's router pods as the real vllm-router on their pod IPs, keep pod readiness "
+                    "honest, and publish engines and routers to Prometheus (file_sd).")
     p.add_argument("--kubeconfig", help="default: the local cluster's, else KUBECONFIG or in-cluster")
     p.add_argument("--cluster-dir", type=Path,
                    help="the local cluster (default: FLASHSERVE_CLUSTER_DIR or its default)")
@@ -31,13 +31,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="engine profile for every pod (default: by the node's GPU and the group size); "
                                       "a pod's own FLASHSERVE_MOCK_PROFILE still wins")
     p.add_argument("--seed", type=int, default=0, help="mixed with each pod's name into FLASHSERVE_MOCK_SEED")
-    p.add_argument("--router-port", type=int, help="serve the router on 127.0.0.1:PORT (0: a free port)")
-    p.add_argument("--status-port", type=int,
-                   help="serve /-/engines (what runs) and /metrics (the runtime's own) on 127.0.0.1:PORT (0: free)")
-    p.add_argument("--router-max-inflight", type=int, default=0,
-                   help="requests per engine before the router queues (default 0: no limit)")
-    p.add_argument("--router-queue-timeout", type=float, default=30.0,
-                   help="seconds a request may wait for a ready engine (default 30)")
     p.add_argument("--probe-interval", type=float, default=1.0, help="wall seconds between /health probes")
     p.add_argument("--failure-threshold", type=int,
                    help="failed probes before a ready pod turns not ready (default: its readinessProbe's, else 3)")
@@ -80,16 +73,13 @@ async def _watch_dir(path: Path) -> None:
 
 
 async def amain(args) -> int:
-    from flashserve_testbed.router import Policy, Router
     from flashserve_testbed.runtime.engine import ProbeSettings
     from flashserve_testbed.runtime.kubeapi import KubeAPI
     from flashserve_testbed.runtime.launch import (
         LaunchSettings,
         default_engine_bin,
     )
-    from flashserve_testbed.runtime.metrics import RuntimeCollector
     from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
-    from flashserve_testbed.runtime.statusserver import engines_state
 
     kubeconfig, file_sd, log_dir, cluster_root = _resolve(args)
     api = KubeAPI.from_kubeconfig(kubeconfig)
@@ -102,16 +92,7 @@ async def amain(args) -> int:
         namespace=args.namespace, file_sd=file_sd, log_dir=log_dir, any_node=args.any_node,
         api_gone_seconds=args.exit_after_api_gone,
     )
-    router = None
-    if args.router_port is not None:
-        router = Router(Policy(max_inflight=args.router_max_inflight), queue_timeout=args.router_queue_timeout)
-    runtime = Runtime(api, settings, router)
-    if router is not None:
-        router.registry.register(RuntimeCollector(runtime))
-        router.app["extra_state"] = lambda: {"engines": engines_state(runtime)}
-        url = await router.start("127.0.0.1", args.router_port)
-        runtime.router_target = url.removeprefix("http://")
-        log.info("router: %s/NAMESPACE/SERVING/v1 (metrics on %s/metrics)", url, url)
+    runtime = Runtime(api, settings)
     status_server = None
     if args.status_port is not None:
         from flashserve_testbed.runtime.statusserver import StatusServer
@@ -143,8 +124,6 @@ async def amain(args) -> int:
             w.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await main
-        if router is not None:
-            await router.stop()
         if status_server is not None:
             await status_server.stop()
         await api.close()

@@ -37,7 +37,7 @@ class ProbeSettings:
 
 class Hooks(Protocol):
     """What an engine needs from the runtime: the API for status patches, an HTTP session for probes, and a
-    callback when what it serves changes (router endpoints, Prometheus targets)."""
+    callback when what it serves changes (Prometheus targets)."""
 
     patch: Callable[[str, str, dict], Awaitable[dict | None]]
     http: aiohttp.ClientSession
@@ -128,7 +128,7 @@ class PodEngine:
 
     async def stop(self, report: bool = False) -> None:
         """Stop the engine; `report`: also mark the container terminated (the pod stays, the runtime goes)."""
-        # Out of the router and the targets first, as a terminating pod leaves its Service's endpoints at once.
+        # Out of the targets first, as a terminating pod leaves its Service's endpoints at once.
         self.healthy = False
         self.state = "stopping"
         self.hooks.changed(self)

@@ -1,6 +1,6 @@
 """The runtime's control loop: watch serving pods, run an engine (or, for a router pod, the real vllm-router)
-for each one KWOK runs on a simulated node, and publish the engines to Prometheus (file_sd) and to the
-harness router. Router pods discover pods themselves, so they start only behind the loopback guard."""
+for each one KWOK runs on a simulated node, and publish engines and routers to Prometheus (file_sd). Router
+pods discover pods themselves, so they start only behind the loopback guard."""
 
 from __future__ import annotations
 
@@ -54,15 +54,13 @@ def runnable(pod: dict, node: dict | None, any_node: bool = False) -> bool:
 
 
 class Runtime:
-    def __init__(self, api: KubeAPI, settings: RuntimeSettings, router=None):
+    def __init__(self, api: KubeAPI, settings: RuntimeSettings):
         self.api = api
         self.settings = settings
-        self.router = router
         self.engines: dict[str, PodEngine] = {}  # by pod uid
         self.nodes: dict[str, dict | None] = {}
         self.skipped: set[str] = set()  # uids that cannot be launched; logged once
         self.stopping: dict[tuple[str, str], asyncio.Task] = {}
-        self.router_target: str | None = None
         self.status_target: str | None = None  # the runtime's own /metrics, host:port
         self.http: aiohttp.ClientSession | None = None
         self.time_scale = settings.launch.time_scale
@@ -83,15 +81,6 @@ class Runtime:
         return None
 
     def changed(self, engine: PodEngine) -> None:
-        if engine.launch.kind != "engine":
-            self._write_targets_soon()  # a router pod is a scrape target, not an engine of the harness router
-            return
-        if self.router is not None:
-            if engine.state in ("stopping", "stopped"):
-                self.router.remove_endpoint(engine.namespace, engine.serving, engine.name)
-            else:
-                self.router.set_endpoint(engine.namespace, engine.serving, engine.name, engine.launch.address,
-                                         engine.launch.port, engine.group, engine.healthy)
         self._write_targets_soon()
 
     # ------------------------------------------------------------------ Prometheus targets
@@ -112,7 +101,7 @@ class Runtime:
                     for e in self.engines.values()
                     if e.pid is not None and e.launch.kind == "router" and e.launch.metrics_port]
         try:
-            filesd.write_targets(self.settings.file_sd, targets, self.router_target, self.status_target)
+            filesd.write_targets(self.settings.file_sd, targets, self.status_target)
         except OSError as e:
             log.warning("cannot write %s: %s", self.settings.file_sd, e)
 
