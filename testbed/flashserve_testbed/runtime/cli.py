@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="engine profile for every pod (default: by the node's GPU and the group size); "
                                       "a pod's own FLASHSERVE_MOCK_PROFILE still wins")
     p.add_argument("--seed", type=int, default=0, help="mixed with each pod's name into FLASHSERVE_MOCK_SEED")
+    p.add_argument("--status-port", type=int,
+                   help="serve /-/engines (what runs) and /metrics (the runtime's own) on 127.0.0.1:PORT (0: free)")
     p.add_argument("--probe-interval", type=float, default=1.0, help="wall seconds between /health probes")
     p.add_argument("--failure-threshold", type=int,
                    help="failed probes before a ready pod turns not ready (default: its readinessProbe's, else 3)")
