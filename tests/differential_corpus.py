@@ -125,6 +125,13 @@ def _broken(rng: random.Random, base: dict) -> list[tuple[str, dict]]:
                                           rng.choice([{"enabled": True}, {"resourceClaimTemplateName": "imex"}]))),
         ("computeDomainBoth", _set(gb, "placement.computeDomain", {"enabled": True, "resourceClaimTemplateName": "imex"})),
         ("weightsSourceBoth", _set(base, "model.source", {"pvc": {"claimName": "w"}, "huggingFace": {}})),
+        ("startupWeightsCache", _set(_set(base, "model.source", rng.choice([{"pvc": {"claimName": "w"}},
+                                                                           {"huggingFace": {"cachePvcName": "hf"}}])),
+                                     "startup", {"weightsCache": {"scope": rng.choice(["Shared", "NodeLocal"]),
+                                                                  "claimName": "c"}})),
+        ("startupLoaderOptions", _set(base, "startup.loader", rng.choice([
+            {"format": "runai_streamer", "threads": 4}, {"format": "fastsafetensors", "safetensorsLoadStrategy": "eager"},
+            {"threads": 4, "safetensorsLoadStrategy": "prefetch"}, {"runaiStreamer": {"concurrency": 2}}]))),
         ("servedModelNamesUnique", _set(base, "model.servedModelNames", ["a", "b", "a"][: rng.choice([2, 3])] + ["a"])),
         ("batchedTokensBelowSeqs", _set(_set(base, "engine.maxNumSeqs", 512), "engine.maxNumBatchedTokens",
                                         rng.randint(1, 511))),

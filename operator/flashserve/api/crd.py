@@ -17,7 +17,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from flashserve.api import kubevalues
 from flashserve.api import v1alpha1 as api
-from flashserve.facts import vllm_rules
+from flashserve.facts import engine_choices, vllm_rules
 from flashserve.facts.accelerators import ACCELERATORS
 from flashserve.facts.managed import MANAGED_ENV, managed_arg_pattern
 
@@ -231,6 +231,48 @@ RULES: dict[str, list[dict[str, str]]] = {
         },
     ],
 }
+
+# spec.startup (api/startup_validation.py holds the same rules with richer messages).
+_MULTITHREAD = cel_list(engine_choices.MULTITHREAD_LOAD_FORMATS)
+RULES["spec"] = RULES["spec"] + [
+    {
+        "rule": "!has(self.startup) || !has(self.startup.weightsCache) || !has(self.model.source.pvc)",
+        "message": "the weights already come from spec.model.source.pvc: remove startup.weightsCache or source "
+        "the weights from huggingFace",
+        "fieldPath": ".startup.weightsCache",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "!has(self.startup) || !has(self.startup.weightsCache) || !has(self.model.source.huggingFace) "
+        "|| !has(self.model.source.huggingFace.cachePvcName)",
+        "message": "spec.model.source.huggingFace.cachePvcName already names a Hugging Face cache: keep it or "
+        "startup.weightsCache, not both",
+        "fieldPath": ".startup.weightsCache",
+        "reason": "FieldValueInvalid",
+    },
+]
+RULES["LoaderSpec"] = [
+    {
+        "rule": f"!has(self.threads) || self.format in {_MULTITHREAD}",
+        "message": f"threads applies to vLLM's multi-threaded safetensors load, formats {_MULTITHREAD} only",
+        "fieldPath": ".threads",
+    },
+    {
+        "rule": f"!has(self.safetensorsLoadStrategy) || self.format in {_MULTITHREAD}",
+        "message": f"safetensorsLoadStrategy is read by vLLM's default loader, formats {_MULTITHREAD} only",
+        "fieldPath": ".safetensorsLoadStrategy",
+    },
+    {
+        "rule": "!has(self.threads) || !has(self.safetensorsLoadStrategy) || self.safetensorsLoadStrategy == 'lazy'",
+        "message": "vLLM's multi-threaded load only memory-maps: set safetensorsLoadStrategy to lazy or unset threads",
+        "fieldPath": ".safetensorsLoadStrategy",
+    },
+    {
+        "rule": "!has(self.runaiStreamer) || self.format == 'runai_streamer'",
+        "message": "runaiStreamer options need format: runai_streamer",
+        "fieldPath": ".runaiStreamer",
+    },
+]
 
 
 def _default_for(cls: type[BaseModel], field_name: str) -> Any:

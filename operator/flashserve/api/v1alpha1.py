@@ -342,6 +342,97 @@ class AutoscalingSpec(_Model):
     """Cost of one GPU-hour in dollars, for tokens-per-dollar in status."""
 
 
+# ------------------------------------------------------------------------------------------- start-up
+
+
+class WeightsCacheSpec(_Model):
+    scope: Literal["Shared", "NodeLocal"]
+    """`Shared`: claimName is a ReadWriteMany claim (NFS, Lustre, a CSI file store) that every replica on every
+    node mounts, filled once by a prefetch Job. `NodeLocal`: claimName is bound to a `local` PersistentVolume
+    whose nodeAffinity spans the accelerator pool, so each node mounts its own disk under the same claim; a
+    prefetch DaemonSet fills it once per node, and its pod on a node turns Ready when that node's copy is
+    complete. Neither puts a hostPath in a pod, so both run in a namespace at Pod Security `restricted`."""
+    claim_name: K8sName
+    """Existing PersistentVolumeClaim in the serving's namespace, mounted read-write as the Hugging Face cache
+    (HF_HOME) of every engine: an engine that finds the weights there skips the download."""
+    prefetch: bool = True
+    """Download spec.model.name (at spec.model.revision, with the token Secret of
+    spec.model.source.huggingFace.tokenSecretRef when set) into the cache before engines need it. False: the
+    first engine to start on the cache downloads the weights itself."""
+
+
+class KernelCacheSpec(_Model):
+    claim_name: K8sName
+    """Existing PersistentVolumeClaim for the compiled kernels and autotune results of vLLM (torch.compile,
+    CUDA-graph-ready Inductor code), Triton, DeepGEMM and FlashInfer. Each engine image and parallel layout
+    gets its own directory in it, so replicas share what they compiled only with replicas that would compile
+    the same. ReadWriteMany shares it across nodes; a claim on a node-local PersistentVolume, per node."""
+
+
+class RunaiStreamerSpec(_Model):
+    concurrency: int | None = Field(None, ge=1, le=1024)
+    """Threads (and so concurrent reads) that stream the weights; unset keeps the streamer's default."""
+    memory_limit_bytes: int | None = Field(None, ge=-1)
+    """CPU memory the streamer's buffer may use, in bytes; -1 is unlimited; unset keeps the default."""
+    distributed: bool | None = None
+    """Each rank streams a part of the files and the ranks exchange them, rather than every rank reading
+    every file; unset keeps vLLM's default (off)."""
+
+
+class LoaderSpec(_Model):
+    format: Literal[choices.LOAD_FORMAT_CHOICES] = "auto"  # type: ignore[valid-type]
+    """vLLM's `--load-format`: `auto` (safetensors through vLLM's default loader), `safetensors`,
+    `fastsafetensors` or `instanttensor` (GPU-direct reads) or `runai_streamer` (concurrent streaming from a
+    file system or object store); the last three need their package in the engine image (vLLM's extras
+    `vllm[fastsafetensors]`, `vllm[instanttensor]`, `vllm[runai]`)."""
+    threads: int | None = Field(None, ge=1, le=256)
+    """Read the safetensors files with this many threads (vLLM's multi-threaded loader); `auto` and
+    `safetensors` only. Unset: one thread, memory-mapped."""
+    safetensors_load_strategy: Literal[choices.SAFETENSORS_LOAD_STRATEGY_CHOICES] | None = None  # type: ignore[valid-type]
+    """`--safetensors-load-strategy`: `lazy` memory-maps, `eager` reads each file whole (network file
+    systems), `prefetch` warms the page cache ahead of the workers. Unset: lazy, with prefetch on NFS when
+    the checkpoint fits in memory. `auto` and `safetensors` only."""
+    runai_streamer: RunaiStreamerSpec | None = None
+    """Options of the Run:ai streamer (format `runai_streamer` only)."""
+
+
+class WarmupSpec(_Model):
+    deep_gemm: Literal[choices.DEEP_GEMM_WARMUP_CHOICES] | None = None  # type: ignore[valid-type]
+    """VLLM_DEEP_GEMM_WARMUP: `relax` (vLLM's default) compiles the DeepGEMM kernels for the shapes a heuristic
+    expects, `full` for every shape the engine can meet, `skip` none at start-up: faster to ready, and the
+    first requests of a new shape compile theirs (suggested for DeepSeek-V4 in vLLM issue 43189)."""
+    flashinfer_autotune: bool | None = None
+    """false renders `--no-enable-flashinfer-autotune`: no benchmarking of FlashInfer kernels at start-up (a
+    large part of a cold DeepSeek-V4 launch), at the cost of the heuristic kernel choice. true renders
+    `--enable-flashinfer-autotune`; unset keeps vLLM's default (on). With a kernel cache, the results of one
+    autotune are kept and reused by the replicas of the same image and layout."""
+
+
+class ImagePrepullSpec(_Model):
+    enabled: bool = False
+    """A DaemonSet on the accelerator pool (the engines' node selector, affinity and tolerations) pulls the
+    engine image onto every node before a replica is placed there, so a scale-out skips the pull (tens of GB
+    for vllm-openai). It runs the image's `true` once, then a pause container; no GPU is requested."""
+    pause_image: str = Field("registry.k8s.io/pause:3.10", min_length=1, max_length=512, pattern=kubevalues.IMAGE)
+    """The image of the container that keeps a pre-pull pod (and a node-local prefetch pod) running once its
+    work on the node is done."""
+
+
+class StartupSpec(_Model):
+    weights_cache: WeightsCacheSpec | None = None
+    """A weights cache shared by the replicas, filled before they start. Unset: each new pod downloads the
+    weights into its own emptyDir (or spec.model.source.huggingFace.cachePvcName)."""
+    kernel_cache: KernelCacheSpec | None = None
+    """A kernel and JIT cache shared by the replicas of the same image and layout. Unset: each pod compiles
+    and autotunes its kernels again."""
+    loader: LoaderSpec = Field(default_factory=LoaderSpec)
+    """How vLLM reads the weights."""
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    """Start-up work vLLM does before it serves, each an explicit choice."""
+    image_prepull: ImagePrepullSpec = Field(default_factory=ImagePrepullSpec)
+    """Pull the engine image onto the accelerator pool ahead of scale-outs."""
+
+
 class NetworkPolicySpec(_Model):
     enabled: bool = True
     """Create NetworkPolicies for the engine pods and the router pods (on by default; false removes them and
@@ -466,6 +557,9 @@ class DeepSeekServingSpec(_Model):
     """Tensor, data and expert parallelism, and how many nodes one replica spans."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     """Where the pods run."""
+    startup: StartupSpec | None = None
+    """Weight and kernel caches, the weight loader, warm-up choices and image pre-pull: what makes a new
+    replica serve sooner (docs/startup.md). Unset: none of them, vLLM's defaults."""
     replicas: int = Field(1, ge=0, le=MAX_GROUPS)
     """Serving replica groups. Owned by the autoscaler when autoscaling is enabled. At most 256 groups per
     serving (1,024 to 18,432 GPUs, from one-node groups to whole NVL72 racks); a larger fleet is split into

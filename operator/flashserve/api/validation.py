@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from flashserve.api import context_length, kubevalues, quantity
+from flashserve.api.startup_validation import startup_errors
 from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
 from flashserve.facts import vllm_rules
 from flashserve.facts.accelerators import accelerator
+from flashserve.facts.cache_env import CACHE_ENV_NAMES, DEEP_GEMM_WARMUP_ENV
 from flashserve.facts.layout import layout
 from flashserve.facts.managed import MANAGED_ENV, extra_args_errors
 
@@ -214,7 +216,7 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 )
             )
         elif env.name in MANAGED_ENV:
-            hint = "use spec.model.source" if env.name.startswith("HF_") else "remove it"
+            hint = "use spec.model.source" if env.name.startswith("HF_") else _MANAGED_ENV_FIELDS.get(env.name, "remove it")
             errs.append(
                 FieldError(f"spec.engine.env[{i}].name", f"{env.name} is managed by the operator: {hint}")
             )
@@ -246,6 +248,7 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 "e.g. 9002)",
             )
         )
+    errs += [FieldError(path, message) for path, message in startup_errors(spec)]
     if auto.min_replicas > auto.max_replicas:
         errs.append(
             FieldError(
@@ -254,6 +257,13 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
             )
         )
     return errs
+
+
+# Managed variables that a spec field sets, and the field.
+_MANAGED_ENV_FIELDS: dict[str, str] = {
+    **{name: "use spec.startup.kernelCache (it places every kernel cache)" for name in CACHE_ENV_NAMES},
+    DEEP_GEMM_WARMUP_ENV: "use spec.startup.warmup.deepGemm",
+}
 
 
 def _is_hub_token(name: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
+from flashserve.facts.cache_env import CACHE_ENV_NAMES, DEEP_GEMM_WARMUP_ENV
 from flashserve.facts.vllm_flags import (
     BY_DEST,
     BY_FLAG,
@@ -93,6 +94,11 @@ MANAGED_DESTS: dict[str, str] = {
     "compilation_config": "spec.engine.cudaGraphMode",
     "optimization_level": "spec.engine.cudaGraphMode",  # -O picks the compilation and CUDA graph defaults
     "async_scheduling": "spec.engine.asyncScheduling",
+    # start-up: weight loading and warm-up
+    "load_format": "spec.startup.loader.format",
+    "model_loader_extra_config": "spec.startup.loader",
+    "safetensors_load_strategy": "spec.startup.loader.safetensorsLoadStrategy",
+    "enable_flashinfer_autotune": "spec.startup.warmup.flashinferAutotune",
     # options that escape the guard or end the process
     "config": "not supported: a config file can set any flag, the managed ones too; list the flags in extraArgs",
     "help": "not supported: vLLM would print its help and exit",
@@ -125,7 +131,7 @@ MANAGED_ENV: frozenset[str] = frozenset(
         "GLOO_SOCKET_IFNAME",
         "NCCL_SOCKET_IFNAME",
     }
-)
+) | CACHE_ENV_NAMES | {DEEP_GEMM_WARMUP_ENV}
 
 
 def managed_flag_of(arg: str) -> str | None:

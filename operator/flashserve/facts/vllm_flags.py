@@ -74,6 +74,8 @@ ATTENTION_BACKENDS: tuple[str, ...] = _enum("attention_backend")  # AttentionBac
 MLA_ATTENTION_BACKENDS: tuple[str, ...] = tuple(b for b in ATTENTION_BACKENDS if "MLA" in b)  # by vLLM's naming
 KV_CACHE_DTYPES: tuple[str, ...] = _enum("kv_cache_dtype")  # vllm.config.cache.CacheDType
 CUDAGRAPH_MODES: tuple[str, ...] = _enum("cudagraph_mode")  # vllm.config.compilation.CUDAGraphMode
+LOAD_FORMATS: tuple[str, ...] = _enum("load_format")  # vllm.model_executor.model_loader.LoadFormats
+DEEP_GEMM_WARMUPS: tuple[str, ...] = _enum("deep_gemm_warmup")  # vllm.envs VLLM_DEEP_GEMM_WARMUP choices
 
 HISTOGRAM_FAMILIES: tuple[str, ...] = tuple(_DATA["metrics"]["histogram_families"])
 # Default histogram bucket bounds (seconds).

@@ -53,6 +53,7 @@ from flashserve.render.placement import (
     node_selector,
     tolerations,
 )
+from flashserve.render.startup import kernel_cache_volume, startup_objects, weights_cache_claim
 from flashserve.render.vllm_args import (
     HF_HOME,
     MODEL_MOUNT,
@@ -132,8 +133,18 @@ def template_hash(spec: DeepSeekServingSpec) -> str:
     if spec.routing.renders_prompts():
         # The engines' --enable-scale-out; only when on, so servings without it keep their hash.
         pod_inputs["scaleOut"] = True
+    if spec.startup is not None:  # only when set: servings without it keep their hash across this release
+        pod_inputs["startup"] = _startup_pod_inputs(spec)
     digest = hashlib.sha256(json.dumps(pod_inputs, sort_keys=True).encode()).hexdigest()
     return digest[:16]
+
+
+def _startup_pod_inputs(spec: DeepSeekServingSpec) -> dict:
+    """What of spec.startup shapes an engine pod: not the pre-pull, nor whether a prefetch fills the cache."""
+    startup = spec.startup.dump() if spec.startup else {}
+    startup.pop("imagePrepull", None)
+    startup.get("weightsCache", {}).pop("prefetch", None)
+    return startup
 
 
 def labels(serving: str) -> dict[str, str]:
@@ -204,10 +215,14 @@ def _volumes(spec: DeepSeekServingSpec) -> tuple[list[dict], list[dict]]:
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}})
         mounts.append({"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True})
     else:
-        cache_pvc = src.hugging_face.cache_pvc_name if src.hugging_face else None
+        cache_pvc = weights_cache_claim(spec) or (src.hugging_face.cache_pvc_name if src.hugging_face else None)
         cache = {"persistentVolumeClaim": {"claimName": cache_pvc}} if cache_pvc else {"emptyDir": {}}
         volumes.append({"name": "hf-cache", **cache})
         mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+    kernel_cache = kernel_cache_volume(spec)
+    if kernel_cache is not None:
+        volumes.append(kernel_cache[0])
+        mounts.append(kernel_cache[1])
     # vLLM, Triton and torch.compile write caches under $HOME and /tmp.
     volumes.append({"name": "tmp", "emptyDir": {}})
     mounts.append({"name": "tmp", "mountPath": "/tmp"})
@@ -435,6 +450,13 @@ def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMES
     return out
 
 
+def render_startup(obj: DeepSeekServing) -> list[dict]:
+    """The start-up children of spec.startup: [the weights prefetch Job or DaemonSet], [the image pre-pull
+    DaemonSet]."""
+    ctx = {"namespace": obj.metadata.get("namespace", "default"), "owner": _owner(obj)}
+    return [_render(template, **c) for template, c in startup_objects(obj, ctx)]
+
+
 def render_serving(obj: DeepSeekServing, replicas: int | None = None,
                    operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:  # fmt: skip
     """Every object of a validated serving, groups 0..replicas-1 (default spec.replicas)."""
@@ -442,7 +464,7 @@ def render_serving(obj: DeepSeekServing, replicas: int | None = None,
     out: list[dict] = []
     for i in range(count):
         out += render_group(obj, i)
-    return out + render_shared(obj, operator_namespace)
+    return out + render_shared(obj, operator_namespace) + render_startup(obj)
 
 
 def render(cr: dict, operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:

@@ -8,10 +8,12 @@ index; user-supplied values reach that script only as separate arguments, never 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from flashserve.api.v1alpha1 import DeepSeekServingSpec
 from flashserve.facts.accelerators import accelerator
+from flashserve.facts.cache_env import CACHE_ENVS, DEEP_GEMM_WARMUP_ENV
 from flashserve.facts.layout import Layout
 from flashserve.facts.managed import DP_LOCAL_ENV, POD_INDEX_ENV, V2_RUNNER_ENV
 from flashserve.facts.vllm_flags import (
@@ -21,6 +23,8 @@ from flashserve.facts.vllm_flags import (
 
 MODEL_MOUNT = "/models"
 HF_HOME = "/var/cache/huggingface"
+# Where spec.startup.kernelCache is mounted; each image and layout has a directory of its own under it.
+KERNEL_CACHE_MOUNT = "/var/cache/flashserve/kernels"
 
 # The whole script is this constant: pod index and ranks per node come from the environment, and the vLLM
 # arguments (which carry user values) arrive as "$@".
@@ -142,7 +146,65 @@ def vllm_args(spec: DeepSeekServingSpec, lay: Layout, leader_address: str | None
         # cache_aware asks every engine for the prompt's token ids (POST /v1/chat/completions/render), a route
         # vLLM 0.33 serves only with this flag; without it the router gets 403 and routes on load alone.
         args.append("--enable-scale-out")
+    args += startup_args(spec)
     return args + list(eng.extra_args)
+
+
+def loader_extra_config(spec: DeepSeekServingSpec) -> dict:
+    """`--model-loader-extra-config` as the loader of the chosen format reads it (default_loader.py and
+    runai_streamer_loader.py list the keys they accept); empty when nothing is set."""
+    ld = spec.startup.loader if spec.startup else None
+    if ld is None:
+        return {}
+    if ld.threads is not None:
+        return {"enable_multithread_load": True, "num_threads": ld.threads}
+    if ld.runai_streamer is not None:
+        streamer = {"concurrency": ld.runai_streamer.concurrency, "memory_limit": ld.runai_streamer.memory_limit_bytes,
+                    "distributed": ld.runai_streamer.distributed}  # fmt: skip
+        return {k: v for k, v in streamer.items() if v is not None}
+    return {}
+
+
+def startup_args(spec: DeepSeekServingSpec) -> list[str]:
+    """The weight-loader and warm-up flags of spec.startup; none when a setting is left to vLLM."""
+    st = spec.startup
+    if st is None:
+        return []
+    args: list[str] = []
+    if st.loader.format != "auto":
+        args += ["--load-format", st.loader.format]
+    if st.loader.safetensors_load_strategy is not None:
+        args += ["--safetensors-load-strategy", st.loader.safetensors_load_strategy]
+    extra = loader_extra_config(spec)
+    if extra:
+        args += ["--model-loader-extra-config", _json(extra)]
+    if st.warmup.flashinfer_autotune is not None:
+        args.append("--enable-flashinfer-autotune" if st.warmup.flashinfer_autotune else "--no-enable-flashinfer-autotune")
+    return args
+
+
+def kernel_cache_key(spec: DeepSeekServingSpec, lay: Layout) -> str:
+    """The kernel cache directory of one engine image and parallel layout: replicas that would compile the same
+    kernels share it, and a new image or layout starts a directory of its own rather than mixing artifacts.
+    Readable layout first, then a digest of the exact image reference (tags and digests alike)."""
+    image = hashlib.sha256(spec.engine.image.encode()).hexdigest()[:12]
+    ep = "-ep" if spec.parallelism.expert_parallel else ""
+    acc = spec.placement.accelerator.lower()
+    return f"{acc}-tp{lay.tensor_parallel}-dp{lay.dp_local}-n{lay.nodes}{ep}-{image}"
+
+
+def startup_env(spec: DeepSeekServingSpec, lay: Layout) -> list[dict]:
+    """The cache directories and warm-up choices of spec.startup, as environment variables."""
+    st = spec.startup
+    if st is None:
+        return []
+    env: list[dict] = []
+    if st.kernel_cache is not None:
+        root = f"{KERNEL_CACHE_MOUNT}/{kernel_cache_key(spec, lay)}"
+        env += [{"name": e.name, "value": f"{root}/{e.subdir}"} for e in CACHE_ENVS]
+    if st.warmup.deep_gemm is not None:
+        env.append({"name": DEEP_GEMM_WARMUP_ENV, "value": st.warmup.deep_gemm})
+    return env
 
 
 def command(lay: Layout) -> list[str]:
@@ -180,5 +242,6 @@ def engine_env(spec: DeepSeekServingSpec, lay: Layout) -> list[dict]:
         if hf is not None and hf.token_secret_ref is not None:
             ref = hf.token_secret_ref
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env += startup_env(spec, lay)
     env += [e.dump() for e in spec.engine.env]
     return env

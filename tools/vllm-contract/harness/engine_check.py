@@ -246,8 +246,9 @@ def check_case(case: dict):
         _hf_cache(Path(os.environ["HF_HOME"]), model, revision)
     env = dict(case.get("env") or {})
     # The pod's HF_HOME points at its cache volume; here the cache is the synthetic one, fixed before
-    # huggingface_hub was imported (it reads the variable once).
-    for key in OFFLINE_ENV:
+    # huggingface_hub was imported (it reads the variable once). Its kernel cache directories point at a
+    # volume too: here vLLM keeps its caches beside the venv (startup_check.py checks those variables).
+    for key in OFFLINE_ENV + POD_CACHE_ENV:
         env.pop(key, None)
     os.environ.update(env)
 
@@ -405,6 +406,10 @@ def _run_forked(case: dict) -> dict:
 
 # Set for the whole run, before vLLM and huggingface_hub are imported.
 OFFLINE_ENV = ("HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+# The kernel cache variables the operator sets (operator/flashserve/facts/cache_env.py; a contract test holds
+# the two lists equal).
+POD_CACHE_ENV = ("VLLM_CACHE_ROOT", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "TRITON_CACHE_DIR", "DG_JIT_CACHE_DIR",
+                 "FLASHINFER_WORKSPACE_BASE")
 
 
 def prepare() -> str:

@@ -109,8 +109,10 @@ def _jsonable(value):
 def table(top, serve) -> dict:
     """The data file's content."""
     import vllm
+    import vllm.envs as vllm_envs
     from vllm.config.cache import CacheDType
     from vllm.config.compilation import CUDAGraphMode
+    from vllm.model_executor.model_loader import LoadFormats
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.metrics import buckets
 
@@ -174,6 +176,15 @@ def table(top, serve) -> dict:
                 "source": "vllm.config.cache.CacheDType (--kv-cache-dtype is a plain string in the parser)",
                 "values": list(typing.get_args(CacheDType)),
             },
+            "load_format": {
+                "source": "vllm.model_executor.model_loader.LoadFormats (--load-format is a plain string in the "
+                "parser; get_model_loader refuses other values unless a plugin registers them)",
+                "values": list(typing.get_args(LoadFormats)),
+            },
+            "deep_gemm_warmup": {
+                "source": "vllm.envs VLLM_DEEP_GEMM_WARMUP (env_with_choices: the engine refuses other values)",
+                "values": _env_choices(vllm_envs, "VLLM_DEEP_GEMM_WARMUP"),
+            },
         },
         "metrics": {
             "source": "vllm.v1.metrics.buckets",
@@ -182,6 +193,14 @@ def table(top, serve) -> dict:
             "default_itl_buckets": list(buckets.INTER_TOKEN_LATENCY_BUCKETS),
         },
     }
+
+
+def _env_choices(vllm_envs, name: str) -> list[str]:
+    """The choices of an environment variable vLLM reads through envs.env_with_choices, from its closure."""
+    getter = vllm_envs.environment_variables[name]
+    cells = dict(zip(getter.__code__.co_freevars, (c.cell_contents for c in getter.__closure__ or ())))
+    choices = cells["choices"]
+    return list(choices() if callable(choices) else choices)
 
 
 def _probe(top) -> None:
