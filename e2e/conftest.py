@@ -167,3 +167,22 @@ def crd_installed(kubectl: KubectlRun) -> str:
         assert time.monotonic() < deadline, "DeepSeekServing resource not served after 30s"
         time.sleep(0.5)
     return CRD_NAME
+
+
+@pytest.fixture(scope="session")
+def router_url(kube) -> Callable[..., str]:
+    """router_url(namespace, serving, timeout=60) -> http://<pod IP>:<port> of a Ready router pod of the serving.
+    Loopback pod IPs have no Service endpoints (the API server refuses them), so clients go to a router pod."""
+    from flashserve_testbed.runtime.routerpods import wait_router_url
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube)
+
+    def find(namespace: str, serving: str, timeout: float = 60) -> str:
+        def pods(selector: str) -> list[dict]:
+            return [kube.sanitize_for_serialization(p)
+                    for p in core.list_namespaced_pod(namespace, label_selector=selector).items]
+
+        return wait_router_url(pods, serving, timeout)
+
+    return find

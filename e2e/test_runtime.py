@@ -1,7 +1,8 @@
 """The mock GPU runtime on the local cluster in external pod-readiness mode: engines start for a serving's pods,
-pods turn Ready only once their engines have loaded, Prometheus scrapes the engines, `flashserve load` makes
-tokens flow per pod, the official `openai` client streams through the router, and a killed engine takes its
-pod out of readiness until the runtime restarts it.
+pods turn Ready only once their engines have loaded, Prometheus scrapes the engines and the router pods,
+`flashserve load` makes tokens flow per pod, the official `openai` client streams through the serving's router
+(the operator's router Deployment, run by the runtime as the real vllm-router, reached at a router pod's IP),
+and a killed engine takes its pod out of readiness, and out of the router, until the runtime restarts it.
 
 One serving (two single-node GB200 replica groups) is shared by the tests of this module; the operator and the
 runtime run as separate processes, like in a real cluster.
@@ -48,23 +49,28 @@ def external_cluster(cluster):
         ensure_up(pod_readiness=previous, quiet=True)
 
 
+ENGINE_SELECTOR = "flashserve.io/serving,app.kubernetes.io/component=engine"
+ROUTER_SELECTOR = "flashserve.io/serving,app.kubernetes.io/component=router"
+
+
 @dataclass
 class Stack:
     namespace: str
-    router: str
+    status: str  # the runtime's own endpoint (/-/engines)
     prometheus: str
     runtime: subprocess.Popen
     runtime_log: Path
     kubeconfig: Path
+    router: str = ""  # http://<router pod IP>:8000, once a router pod is Ready
     timeline: dict[str, dict] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
-        return f"{self.router}/{self.namespace}/{SERVING}/v1"
+        return f"{self.router}/v1"
 
     def engines(self) -> dict[str, dict]:
-        with urllib.request.urlopen(f"{self.router}/-/endpoints", timeout=5) as resp:
-            return {e["pod"]: e for e in json.load(resp)["engines"]}
+        with urllib.request.urlopen(f"{self.status}/-/engines", timeout=5) as resp:
+            return {e["pod"]: e for e in json.load(resp)["engines"] if e["kind"] == "engine"}
 
     def logs(self) -> str:
         return self.runtime_log.read_text(errors="replace")[-6000:]
@@ -95,7 +101,7 @@ def _watch_until_ready(core, stack: Stack, timeout: float) -> None:
     Ready, and when it turned Ready."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pods = core.list_namespaced_pod(stack.namespace, label_selector="flashserve.io/serving").items
+        pods = core.list_namespaced_pod(stack.namespace, label_selector=ENGINE_SELECTOR).items
         now = time.monotonic()
         try:
             engines = stack.engines()
@@ -118,7 +124,7 @@ def _watch_until_ready(core, stack: Stack, timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(external_cluster, kube, kubectl, crd_installed, tmp_path_factory):
+def stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_factory):
     from kubernetes import client
 
     info = external_cluster
@@ -134,22 +140,23 @@ def stack(external_cluster, kube, kubectl, crd_installed, tmp_path_factory):
     runtime_log = logs / "runtime.log"
     cmd = [sys.executable, "-m", "flashserve.cli", "mock-runtime", "--kubeconfig", str(info.kubeconfig),
            "--cluster-dir", str(info.dir), "--namespace", namespace, "--time-scale", "1",
-           "--startup-seconds", str(STARTUP), "--router-port", str(port), "--probe-interval", "0.5",
-           "--restart-backoff", "2", "--loopback-shift", "100", "--log-dir", str(logs / "engines")]
+           "--startup-seconds", str(STARTUP), "--status-port", str(port), "--probe-interval", "0.5",
+           "--restart-backoff", "2", "--log-dir", str(logs / "engines")]
     with open(runtime_log, "ab") as out:
         runtime = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
     st = Stack(namespace, f"http://127.0.0.1:{port}", info.prometheus_url, runtime, runtime_log, info.kubeconfig)
     try:
         operator.wait_serving()
-        wait_until(lambda: _http_status(f"{st.router}/metrics") == 200 or runtime.poll() is not None, 30,
-                   what="the runtime's router")
+        wait_until(lambda: _http_status(f"{st.status}/metrics") == 200 or runtime.poll() is not None, 30,
+                   what="the runtime's status endpoint")
         assert runtime.poll() is None, st.logs()
         cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
               "metadata": {"name": SERVING, "namespace": namespace},
               "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2}}
         kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
         _watch_until_ready(core, st, timeout=60)
+        st.router = router_url(namespace, SERVING, timeout=60)
         yield st
     finally:
         try:
@@ -182,19 +189,21 @@ def test_pods_become_ready_only_after_their_engines_have_loaded(stack):
 
 def test_pods_carry_the_engine_process_in_their_container_status(stack, kubectl):
     engines = stack.engines()
-    pods = json.loads(kubectl("get", "-n", stack.namespace, "pods", "-o", "json").stdout)["items"]
+    pods = json.loads(kubectl("get", "-n", stack.namespace, "pods", "-l", ENGINE_SELECTOR, "-o", "json").stdout)["items"]
+    assert len(pods) == 2
     for p in pods:
         name = p["metadata"]["name"]
         cs = p["status"]["containerStatuses"][0]
         assert cs["ready"] is True and "running" in cs["state"]
         assert cs["containerID"] == f"flashserve-mock://{engines[name]['pid']}"
-        ip = p["status"]["podIP"].split(".")
-        assert engines[name]["url"] == f"http://127.{1 + (int(ip[1]) - 1 + 100) % 254}.{ip[2]}.{ip[3]}:8000"
+        # the engine listens on the pod IP itself, which the local cluster gives from 127.0.0.0/8
+        assert p["status"]["podIP"].startswith("127.")
+        assert engines[name]["url"] == f"http://{p['status']['podIP']}:8000"
         assert engines[name]["profile"] == "gb200-4gpu"
 
 
 def test_prometheus_scrapes_every_engine(stack):
-    query = f'up{{namespace="{stack.namespace}",serving="{SERVING}"}}'
+    query = f'up{{job="vllm",namespace="{stack.namespace}",serving="{SERVING}"}}'
 
     def both_up():
         result = prom_query(stack.prometheus, query)
@@ -203,8 +212,10 @@ def test_prometheus_scrapes_every_engine(stack):
     result = wait_until(both_up, 30, interval=1, what=query)
     assert {r["metric"]["pod"] for r in result} == set(stack.timeline)
     assert {r["metric"]["group"] for r in result} == {"0", "1"}
-    router = prom_query(stack.prometheus, 'up{job="flashserve-router"}')
-    assert any(r["value"][1] == "1" for r in router)
+    routers = f'up{{job="vllm-router",namespace="{stack.namespace}",serving="{SERVING}"}}'
+    result = wait_until(lambda: [r for r in prom_query(stack.prometheus, routers) if r["value"][1] == "1"], 30,
+                        interval=1, what=routers)
+    assert len(result) == 2  # the Deployment's two router pods, on their metrics port
 
 
 def test_openai_client_streams_a_chat_completion_through_the_router(stack):
@@ -249,7 +260,7 @@ def test_generation_rate_per_pod_under_flashserve_load(stack, tmp_path):
     assert set(rates) == set(stack.timeline)
     summary = json.loads(report.read_text())["summary"]
     assert summary["ok"] > 10 and not summary["errors"], out
-    assert set(summary["requests_by_endpoint"]) == set(stack.timeline)  # the router spread the sessions
+    # the router spread the sessions: both engines generate (above); vllm-router sets no per-engine header
     assert summary["cached_fraction"] > 0.5  # resent conversations hit the prefix cache
     assert 100 < summary["per_user_tokens_per_s"]["p50"] < 200, out  # ~150 tok/s per user at this light load
 
@@ -272,9 +283,14 @@ def test_a_killed_engine_takes_its_pod_out_of_readiness_until_restarted(stack, k
     cs = p.status.container_statuses[0]
     term = cs.state.terminated or (cs.last_state.terminated if cs.last_state else None)
     assert term is not None and term.exit_code == 137 and term.container_id == f"flashserve-mock://{pid}"
-    with urllib.request.urlopen(f"{stack.router}/-/endpoints", timeout=5) as resp:
-        eps = {e["pod"]: e for s in json.load(resp)["servings"] for e in s["endpoints"]}
-    assert pod not in eps or eps[pod]["ready"] is False  # the router stops sending it requests
+    # every router replica drops it from its workers: vllm-router follows the pod's Ready condition
+    worker = f"http://{p.status.pod_ip}:8000"
+    routers = core.list_namespaced_pod(stack.namespace, label_selector=ROUTER_SELECTOR).items
+    assert len(routers) == 2
+    for r in routers:
+        log = stack.runtime_log.parent / "engines" / f"{stack.namespace}_{r.metadata.name}.log"
+        wait_until(lambda: f"Removed worker: {worker}" in log.read_text(errors="replace"), 10, interval=0.2,
+                   what=f"{r.metadata.name} dropping {worker}")
 
     # restartPolicy Always: the runtime restarts it after the back-off, and it serves again once loaded
     def ready_again():

@@ -94,7 +94,7 @@ def ready_observed(groups: int) -> Observed:
     return obs
 
 
-def pod_from_sample(sample: str, index: int = 0, ip: str = "10.64.3.7") -> dict:
+def pod_from_sample(sample: str, index: int = 0, ip: str = "127.4.3.7") -> dict:
     """Pod `index` of the first StatefulSet of a sample serving, as the API server would hold it running."""
     cr = yaml.safe_load((ROOT / "manifests" / "samples" / sample).read_text())
     cr["metadata"]["namespace"] = "demo"

@@ -1,8 +1,9 @@
 """`flashserve demo`: the whole product on one machine, end to end.
 
 Brings up the local cluster (upstream control plane, KWOK Blackwell nodes, Prometheus), installs the CRD, runs
-the operator, the mock GPU runtime and its router, applies an autoscaled DeepSeekServing, drives agentic load
-that ramps, bursts and drops, prints live progress, then writes a chart (PNG) and a summary and cleans up.
+the operator and the mock GPU runtime (which runs the serving's router pods as vllm-router), applies an autoscaled
+DeepSeekServing, drives agentic load through a router pod that ramps, bursts and drops, prints live progress,
+then writes a chart (PNG) and a summary and cleans up.
 
 The engines use the demo-scale profile (gb200-4gpu-demo): the same engine model with 100x the decode cost, so
 a replica meets 100 tok/s per user at ~8 concurrent requests and a 2-core machine can serve the load for real.
@@ -65,7 +66,7 @@ def demo_serving(name: str = "flash", **autoscaling: object) -> dict:
 
 @dataclass
 class Stack:
-    """Local cluster + operator + mock runtime/router in one namespace; `stop()` ends every process."""
+    """Local cluster + operator + mock runtime in one namespace; `stop()` ends every process."""
 
     cluster_dir: Path | None = None
     namespace: str = "demo"
@@ -106,14 +107,12 @@ class Stack:
 
         wait_default_service_account(self.api, self.namespace)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.router_port = _free_port()
         self.metrics_port = _free_port()
         exe = [sys.executable, "-m", "flashserve.cli"]
-        log(f"[demo] mock GPU runtime (profile {self.profile}, engines load in ~{self.startup_seconds:g}s) and router "
-            f"on 127.0.0.1:{self.router_port}")  # fmt: skip
+        log(f"[demo] mock GPU runtime (profile {self.profile}, engines load in ~{self.startup_seconds:g}s; the "
+            f"serving's router pods run vllm-router)")  # fmt: skip
         self._spawn("runtime", [*exe, "mock-runtime", "--cluster-dir", str(self.layout.root), "-n", self.namespace,
-                                "--profile", self.profile, "--startup-seconds", str(self.startup_seconds),
-                                "--router-port", str(self.router_port)])  # fmt: skip
+                                "--profile", self.profile, "--startup-seconds", str(self.startup_seconds)])  # fmt: skip
         log(f"[demo] operator (metrics on 127.0.0.1:{self.metrics_port})")
         self._spawn("operator", [*exe, "run", "--kubeconfig", str(self.info.kubeconfig), "-n", self.namespace,
                                  "--lease-namespace", self.namespace, "--liveness", "",
@@ -141,8 +140,20 @@ class Stack:
             "flashserve.io", "v1alpha1", self.namespace, "deepseekservings", name
         )
 
-    def base_url(self, name: str = "flash") -> str:
-        return f"http://127.0.0.1:{self.router_port}/{self.namespace}/{name}/v1"
+    def base_url(self, name: str = "flash", timeout: float = 300) -> str:
+        """The serving's OpenAI endpoint at one of its router pods (the operator's router Deployment): loopback
+        pod IPs have no Service endpoints, so the demo finds a Ready router pod by its labels."""
+        from kubernetes import client
+
+        from flashserve_testbed.runtime.routerpods import wait_router_url
+
+        core = client.CoreV1Api(self.api)
+
+        def pods(selector: str) -> list[dict]:
+            return [self.api.sanitize_for_serialization(p)
+                    for p in core.list_namespaced_pod(self.namespace, label_selector=selector).items]
+
+        return wait_router_url(pods, name, timeout) + "/v1"
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -264,7 +275,8 @@ async def _drive(stack: Stack, schedule: str, sla: float, timeline: Timeline, lo
 
     task = asyncio.create_task(progress())
     try:
-        return await run_load(stack.base_url(), schedule=schedule, workload=Workload.from_profile(stack.profile),
+        base_url = await asyncio.to_thread(stack.base_url)  # waits for a Ready router pod without blocking the loop
+        return await run_load(base_url, schedule=schedule, workload=Workload.from_profile(stack.profile),
                               sla=sla, seed=1, drain_seconds=20)  # fmt: skip
     finally:
         stop.set()

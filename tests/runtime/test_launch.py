@@ -1,4 +1,4 @@
-"""What the runtime starts for a pod: command line, loopback address, port, profile and mock settings."""
+"""What the runtime starts for a pod: command line, address (its loopback pod IP), port, profile and mock settings."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from flashserve_testbed.runtime.launch import (
     api_port,
     build_launch,
     choose_profile,
-    cluster_shift,
     duration_seconds,
     group_nodes,
-    loopback_address,
+    pod_address,
 )
 
 from tests.builders import node, pod_from_sample
@@ -22,39 +21,23 @@ from tests.builders import node, pod_from_sample
 SETTINGS = LaunchSettings(engine_bin="/opt/venv/bin", time_scale=4, startup_seconds=6, seed=3)
 
 
-@pytest.mark.parametrize("ip, want", [
-    ("10.64.3.7", "127.64.3.7"),
-    ("10.244.1.20", "127.244.1.20"),
-])
-def test_loopback_address_mirrors_the_pod_ip(ip, want):
-    assert loopback_address(ip, "k") == want
+def test_the_address_is_the_loopback_pod_ip_itself():
+    assert pod_address("127.4.3.7") == "127.4.3.7"
 
 
-def test_loopback_address_falls_back_to_a_hash_and_never_leaves_loopback():
-    for ip in (None, "", "fd00::5", "10.64.3.255", "127.0.0.1"):
-        addr = loopback_address(ip, "demo/pod/uid")
-        assert ipaddress.ip_address(addr).is_loopback
-        assert addr.startswith("127.255.") and addr != "127.0.0.1"
-    assert loopback_address(None, "a") == loopback_address(None, "a")
-
-
-def test_shifts_keep_the_second_octet_within_1_to_254_and_apart_per_cluster():
-    assert loopback_address("10.64.3.7", "k", shift=64) == "127.128.3.7"
-    assert loopback_address("10.254.3.7", "k", shift=1) == "127.1.3.7"
-    assert loopback_address("10.0.0.1", "k") == "127.254.0.1"  # never 127.0.0.1
-    seconds = {loopback_address(f"10.{b}.0.1", "k", shift=s).split(".")[1] for b in (64, 200) for s in range(254)}
-    assert seconds <= {str(n) for n in range(1, 255)}
-    a, b = cluster_shift("https://127.0.0.1:32758"), cluster_shift("https://127.0.0.1:32764")
-    assert a != b and 0 <= a < 254
+@pytest.mark.parametrize("ip", ["10.64.3.7", "172.16.0.2", "127.0.0.1", "fd00::5", "", None])
+def test_a_pod_ip_outside_loopback_or_missing_is_refused_by_name(ip):
+    with pytest.raises(ValueError, match="pod demo/x: status.podIP"):
+        pod_address(ip, "pod demo/x")
 
 
 def test_single_node_pod_runs_its_own_command_with_the_pod_address():
     pod = pod_from_sample("gb200-minimal.yaml")
     launch = build_launch(pod, node("NVIDIA-GB200"), SETTINGS)
     container = pod["spec"]["containers"][0]
-    assert launch.argv == [*container["command"], *container["args"], "--host", "127.64.3.7"]
+    assert launch.argv == [*container["command"], *container["args"], "--host", "127.4.3.7"]
     assert launch.argv[:2] == ["vllm", "serve"]
-    assert (launch.address, launch.port, launch.profile) == ("127.64.3.7", 8000, "gb200-4gpu")
+    assert (launch.address, launch.port, launch.profile) == ("127.4.3.7", 8000, "gb200-4gpu")
     env = launch.env
     assert env["PATH"].split(":")[0] == "/opt/venv/bin"
     assert env["FLASHSERVE_MOCK_STARTUP_SECONDS"] == "6" and env["FLASHSERVE_MOCK_TIME_SCALE"] == "4"
@@ -67,14 +50,14 @@ def test_multi_node_pod_keeps_the_wrapper_and_gets_the_multi_node_profile():
     pod = pod_from_sample("gb200-nvl72-wide-ep.yaml", index=1)
     launch = build_launch(pod, node("NVIDIA-GB200"), SETTINGS)
     assert launch.argv[:4] == ["/bin/sh", "-c", START_RANK_SCRIPT, "vllm"]
-    assert launch.argv[-2:] == ["--host", "127.64.3.7"]  # inside "$@", before the script's start rank
+    assert launch.argv[-2:] == ["--host", "127.4.3.7"]  # inside "$@", before the script's start rank
     assert launch.env["FLASHSERVE_POD_INDEX"] == "1" and launch.env["FLASHSERVE_DP_LOCAL"] == "4"
     assert launch.profile == "gb200-nvl72-2node"
 
 
 def test_b200_profile_and_seed_differs_per_pod():
     a = build_launch(pod_from_sample("b200-8gpu.yaml", 0), node("NVIDIA-B200"), SETTINGS)
-    b = build_launch(pod_from_sample("b200-8gpu.yaml", 1, ip="10.64.3.8"), node("NVIDIA-B200"), SETTINGS)
+    b = build_launch(pod_from_sample("b200-8gpu.yaml", 1, ip="127.4.3.8"), node("NVIDIA-B200"), SETTINGS)
     assert a.profile == "b200-8gpu"
     assert a.env["FLASHSERVE_MOCK_SEED"] != b.env["FLASHSERVE_MOCK_SEED"]
 

@@ -1,5 +1,5 @@
-"""The runtime's loop against a stand-in API server: real mock engine processes, status patches, router
-endpoints and Prometheus targets, from a pod's start to its deletion, and an engine that dies."""
+"""The runtime's loop against a stand-in API server: real mock engine processes, status patches and Prometheus
+targets, from a pod's start to its deletion, and an engine that dies."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import signal
 
 import pytest
-from flashserve_testbed.router import Router
 from flashserve_testbed.runtime.engine import ProbeSettings
 from flashserve_testbed.runtime.launch import LaunchSettings, default_engine_bin
 from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
@@ -74,7 +73,7 @@ async def until(check, timeout: float = 20.0):
 
 
 def test_pod_lifecycle_with_a_real_engine(tmp_path):
-    pod = pod_from_sample("gb200-minimal.yaml", ip="10.99.250.7")
+    pod = pod_from_sample("gb200-minimal.yaml", ip="127.99.250.7")
     pod["metadata"]["resourceVersion"] = "1"
     pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     pod["status"]["containerStatuses"] = [{"name": "vllm", "image": "x", "ready": False, "restartCount": 0,
@@ -86,25 +85,23 @@ def test_pod_lifecycle_with_a_real_engine(tmp_path):
         probe=ProbeSettings(interval=0.1, backoff_base=1.0), file_sd=file_sd, log_dir=tmp_path / "logs")
 
     async def scenario():
-        router = Router()
-        runtime = Runtime(api, settings, router)
+        runtime = Runtime(api, settings)
         task = asyncio.ensure_future(runtime.run())
         try:
             engine = await until(lambda: next(iter(runtime.engines.values()), None))
             assert engine.launch.address == "127.99.250.7"
             await until(lambda: engine.pid)
-            # loading (5 engine-s at 10x): running, not ready, already a Prometheus target, not a router endpoint
+            # loading (5 engine-s at 10x): running, not ready, already a Prometheus target
             targets = await until(lambda: file_sd.exists() and json.loads(file_sd.read_text()))
             assert targets[0]["targets"] == ["127.99.250.7:8000"]
             assert targets[0]["labels"]["pod"] == pod["metadata"]["name"]
             assert not ready(api.pod)
             cs = api.pod["status"]["containerStatuses"][0]
             assert cs["containerID"] == f"flashserve-mock://{engine.pid}" and cs["restartCount"] == 0
-            eps = router.servings[("demo", "flash")].endpoints
-            assert not eps[pod["metadata"]["name"]].ready
+            assert not engine.healthy
             await until(lambda: ready(api.pod))
             assert api.pod["status"]["containerStatuses"][0]["ready"] is True
-            assert eps[pod["metadata"]["name"]].ready
+            assert engine.healthy
 
             # the engine dies: not ready at once, terminated with 137, then restarted after the back-off
             pid = engine.pid
@@ -112,7 +109,7 @@ def test_pod_lifecycle_with_a_real_engine(tmp_path):
             await until(lambda: not ready(api.pod), timeout=3)
             term = api.pod["status"]["containerStatuses"][0]["state"]["terminated"]
             assert term["exitCode"] == 137 and term["containerID"] == f"flashserve-mock://{pid}"
-            assert not eps[pod["metadata"]["name"]].ready
+            assert not engine.healthy
             await until(lambda: ready(api.pod))
             cs = api.pod["status"]["containerStatuses"][0]
             assert cs["restartCount"] == 1 and cs["lastState"]["terminated"]["exitCode"] == 137
@@ -123,11 +120,10 @@ def test_pod_lifecycle_with_a_real_engine(tmp_path):
             await asyncio.sleep(0.5)
             assert len(api.patches) == writes
 
-            # the pod is deleted: the engine stops, leaves the router and the targets
+            # the pod is deleted: the engine stops and leaves the targets
             await api.events.put({"type": "DELETED", "object": api.pod})
             await until(lambda: not runtime.engines and _gone(new_pid))
             await until(lambda: json.loads(file_sd.read_text()) == [])
-            assert pod["metadata"]["name"] not in eps
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -6,6 +6,7 @@ stick to the cluster: a later `ensure_up()` without them keeps what the cluster 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -17,16 +18,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import kube, pools, procs, prometheus, stages
+from . import kube, loopback, pools, procs, prometheus, stages
 from .controlplane import COMPONENTS, ControlPlane, ControlPlaneError
 from .paths import CLUSTER_NAME, Layout, prometheus_binary, toolchain_bin
 
 DEFAULT_PROMETHEUS_PORT = 9090
 STAGE_CRD = "stages.kwok.x-k8s.io"
 DEFAULTS: dict[str, Any] = {"pod_readiness": "kwok", "pod_startup_seconds": 5.0, "pool_overrides": [],
-                            "pools_file": None, "prometheus": True, "prometheus_port": DEFAULT_PROMETHEUS_PORT}
+                            "pools_file": None, "prometheus": True, "prometheus_port": DEFAULT_PROMETHEUS_PORT,
+                            "loopback_slot": None}
 ENV = {"pod_readiness": "FLASHSERVE_POD_READINESS", "pod_startup_seconds": "FLASHSERVE_POD_STARTUP_SECONDS",
-       "prometheus_port": "FLASHSERVE_PROMETHEUS_PORT"}
+       "prometheus_port": "FLASHSERVE_PROMETHEUS_PORT", "loopback_slot": loopback.SLOT_ENV}
+PROMETHEUS_NAMESPACE = "kube-system"
+PROMETHEUS_ACCOUNT = "flashserve-prometheus"
+PROMETHEUS_TOKEN_SECONDS = 30 * 24 * 3600  # renewed by `cluster up` once it no longer works
 # Everything `down` may have to stop, by program name (kwokctl names the kwok binary kwok-controller).
 PROGRAMS = {*COMPONENTS, "kwok", "prometheus"}
 
@@ -47,6 +52,8 @@ class ClusterInfo:
     pod_startup_seconds: float
     pools: dict[str, dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
+    # "kubernetes_sd": Prometheus finds serving pods itself (the runtime writes no targets); "file_sd": it does not
+    prometheus_discovery: str = "file_sd"
 
     def env(self) -> dict[str, str]:
         out = {"KUBECONFIG": str(self.kubeconfig)}
@@ -60,6 +67,9 @@ class ClusterInfo:
     @classmethod
     def from_json(cls, text: str) -> "ClusterInfo":
         raw = json.loads(text)
+        # Fields a newer version wrote are dropped, so an older checkout still finds the cluster.
+        known = {f.name for f in dataclasses.fields(cls)}
+        raw = {k: v for k, v in raw.items() if k in known}
         for key in ("dir", "kubeconfig", "toolchain_bin", "kubectl", "file_sd_dir"):
             raw[key] = Path(raw[key])
         return cls(**raw)
@@ -115,7 +125,18 @@ def _settings(layout: Layout, explicit: dict[str, Any], reset: bool = False) -> 
     merged["pod_startup_seconds"] = float(merged["pod_startup_seconds"])
     merged["prometheus_port"] = int(merged["prometheus_port"])
     merged["pool_overrides"] = list(merged["pool_overrides"] or [])
+    # Chosen once and kept with the cluster: a node's podCIDR cannot change without recreating the node.
+    slot = merged["loopback_slot"]
+    merged["loopback_slot"] = loopback.check_slot(
+        loopback.default_slot(str(layout.root)) if slot is None else _int(slot, loopback.SLOT_ENV))
     return merged
+
+
+def _int(value: Any, where: str) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value  # check_slot names it
 
 
 def ensure_up(
@@ -148,7 +169,7 @@ def ensure_up(
         pool_specs, reserved = pools.resolve(s["pool_overrides"], s["pools_file"])
         stage_objs = stages.build(s["pod_readiness"], s["pod_startup_seconds"])  # validate before starting anything
         bin_dir = toolchain_bin()
-        cp = ControlPlane(layout, bin_dir)
+        cp = ControlPlane(layout, bin_dir, s["loopback_slot"])
         previous = load_info(layout)
         reused = _ensure_control_plane(cp, layout, previous, bin_dir, recreate, log)
         api = kube.api_client(layout.kubeconfig)
@@ -160,9 +181,10 @@ def ensure_up(
             api = kube.api_client(layout.kubeconfig)
         try:
             _reconcile(api, s, stage_objs, pool_specs, reserved, log)
+            prom_kubeconfig = _prometheus_discovery(api, layout, log) if _discovers(s) else None
         finally:
             api.close()
-        prom_url = _ensure_prometheus(layout, s, log)
+        prom_url = _ensure_prometheus(layout, s, log, prom_kubeconfig)
         if prom_url:
             s["prometheus_port"] = int(prom_url.rpartition(":")[2])
         info = ClusterInfo(
@@ -170,6 +192,7 @@ def ensure_up(
             toolchain_bin=bin_dir, kubectl=bin_dir / "kubectl", prometheus_url=prom_url,
             file_sd_dir=layout.file_sd, pod_readiness=s["pod_readiness"],
             pod_startup_seconds=s["pod_startup_seconds"],
+            prometheus_discovery="kubernetes_sd" if prom_url and prom_kubeconfig else "file_sd",
             pools={p.name: {"nodes": p.node_count, "racks": p.racks, "gpusPerNode": int(p.fields.get("gpus", 0)),
                             "nodesPerRack": int(p.fields.get("nodesPerRack", 0)) or None} for p in pool_specs},
             settings=s,
@@ -186,15 +209,43 @@ def _reconcile(api, s: dict[str, Any], stage_objs: list[dict], pool_specs: list[
     changed, deleted = kube.apply_stages(api, stage_objs)
     log(f"stages: pod readiness {s['pod_readiness']}, serving start-up {s['pod_startup_seconds']:g}s"
         + (f" ({changed} applied, {deleted} removed)" if changed or deleted else " (unchanged)"))
-    node_objs = pools.build_nodes(pool_specs, reserved)
+    node_objs = pools.build_nodes(pool_specs, reserved, s["loopback_slot"])
     created, updated, removed = kube.apply_nodes(api, node_objs)
-    log(f"nodes: {pools.summary(pool_specs)} ({created} created, {updated} updated, {removed} removed)")
+    log(f"nodes: {pools.summary(pool_specs)} ({created} created, {updated} updated, {removed} removed); "
+        f"pod CIDRs in 127.0.0.0/8, slot {s['loopback_slot']}")
     kube.wait_nodes_ready(api, [n["metadata"]["name"] for n in node_objs],
                           progress=lambda r, t: log(f"nodes: {r}/{t} ready"))
     kube.wait_default_service_account(api)
 
 
-def _ensure_prometheus(layout: Layout, s: dict[str, Any], log: Callable[[str], None]) -> str | None:
+def _discovers(s: dict[str, Any]) -> bool:
+    binary = prometheus_binary()
+    return bool(s["prometheus"]) and binary is not None and prometheus.supports_kubernetes_sd(binary)
+
+
+def _prometheus_discovery(api, layout: Layout, log: Callable[[str], None]) -> Path:
+    """Prometheus' own kubeconfig for pod discovery (a ServiceAccount token allowed to list pods and nothing
+    else), after the loopback guard: it scrapes every pod it discovers, so it does not start while any pod or
+    node address is outside 127.0.0.0/8 (its relabelling also drops such pods while it runs)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    pods = [api.sanitize_for_serialization(p) for p in core.list_pod_for_all_namespaces().items]
+    nodes = [api.sanitize_for_serialization(n) for n in core.list_node().items]
+    loopback.require_loopback(pods, nodes, "Prometheus with kubernetes_sd_configs")
+    path = layout.prometheus / "kubeconfig"
+    if kube.token_works(path):
+        return path
+    token = kube.service_account_token(api, PROMETHEUS_NAMESPACE, PROMETHEUS_ACCOUNT, PROMETHEUS_TOKEN_SECONDS,
+                                       rules=[{"apiGroups": [""], "resources": ["pods"],
+                                               "verbs": ["get", "list", "watch"]}])
+    kube.write_token_kubeconfig(path, layout.kubeconfig, token)
+    log(f"prometheus: discovers pods as {PROMETHEUS_NAMESPACE}/{PROMETHEUS_ACCOUNT} (pods: get, list, watch)")
+    return path
+
+
+def _ensure_prometheus(layout: Layout, s: dict[str, Any], log: Callable[[str], None],
+                       kubeconfig: Path | None = None) -> str | None:
     if not s["prometheus"]:
         prometheus.stop(layout)
         return None
@@ -203,7 +254,7 @@ def _ensure_prometheus(layout: Layout, s: dict[str, Any], log: Callable[[str], N
         raise prometheus.PrometheusError(
             "prometheus not found; install it (apt-get install --no-install-recommends prometheus), "
             "set FLASHSERVE_PROMETHEUS_BINARY, or pass --no-prometheus")
-    return prometheus.ensure(layout, binary, s["prometheus_port"], log=log)
+    return prometheus.ensure(layout, binary, s["prometheus_port"], log=log, kubeconfig=kubeconfig)
 
 
 def _ensure_control_plane(cp: ControlPlane, layout: Layout, previous: ClusterInfo | None, bin_dir: Path,

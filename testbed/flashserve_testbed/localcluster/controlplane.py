@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from . import procs
+from . import loopback, procs
 from .paths import CLUSTER_NAME, Layout
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
@@ -36,9 +36,10 @@ class ComponentHealth:
 
 
 class ControlPlane:
-    def __init__(self, layout: Layout, bin_dir: Path):
+    def __init__(self, layout: Layout, bin_dir: Path, loopback_slot: int | None = None):
         self.layout = layout
         self.bin = bin_dir
+        self.loopback_slot = loopback_slot  # None: leave kwok's own --cidr default (teardown needs no plan)
 
     # -- kwokctl -------------------------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -68,8 +69,19 @@ class ControlPlane:
                 "kwokControllerBinary": str(b / "kwok"),
             },
         }
+        docs = [doc]
+        if self.loopback_slot is not None:
+            # Pods of nodes that set no podCIDR (ours all do) would otherwise get kwok's 10.0.0.0/24. kwokctl
+            # copies this document into the controller's configuration as it is, without kwok's defaults, so
+            # those that must not be zero are spelled out (kwok v0.8.0's zz_generated.defaults.go).
+            docs.append({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+                         "options": {"cidr": loopback.default_cidr(self.loopback_slot),
+                                     "podPlayStageParallelism": 4, "nodePlayStageParallelism": 4,
+                                     "nodeLeaseParallelism": 4, "podsOnNodeSyncParallelism": 1,
+                                     "enableDebuggingHandlers": True, "enableProfilingHandler": True,
+                                     "enablePodsOnNodeSyncListPager": True}})
         self.layout.kwokctl_config.parent.mkdir(parents=True, exist_ok=True)
-        self.layout.kwokctl_config.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.layout.kwokctl_config.write_text(yaml.safe_dump_all(docs, sort_keys=False))
 
     def exists(self) -> bool:
         return (self.layout.kwok_cluster / "kwok.yaml").is_file()

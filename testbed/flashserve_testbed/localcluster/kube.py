@@ -104,6 +104,11 @@ def apply_nodes(api: client.ApiClient, nodes: list[dict[str, Any]]) -> tuple[int
     for node in nodes:
         name = node["metadata"]["name"]
         current = existing.pop(name, None)
+        if current is not None and list(current.spec.pod_cidrs or []) != node["spec"]["podCIDRs"]:
+            # podCIDR is immutable: a node from before the loopback address plan (or of another slot) is
+            # recreated, and its pods with it, since they keep the addresses of the old range.
+            _recreate_node(core, name)
+            current = None
         if current is None:
             try:
                 core.create_node(node)
@@ -119,13 +124,35 @@ def apply_nodes(api: client.ApiClient, nodes: list[dict[str, Any]]) -> tuple[int
             meta, status = node["metadata"], node["status"]
             core.patch_node(name, {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]},
                                    "spec": {"taints": node["spec"]["taints"] + kept}})
-            resources = {"capacity": status["capacity"], "allocatable": status["allocatable"]}
+            resources = {"capacity": status["capacity"], "allocatable": status["allocatable"],
+                         "addresses": status["addresses"]}
             core.patch_node_status(name, {"status": resources})
             updated += 1
     for name in existing:
         core.delete_node(name)
         deleted += 1
     return created, updated, deleted
+
+
+def _recreate_node(core: client.CoreV1Api, name: str, timeout: float = 60) -> None:
+    for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    core.delete_node(name)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_node(name)
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {name} still exists {timeout:.0f}s after its deletion")
+        time.sleep(0.3)
 
 
 def _node_drifted(current: client.V1Node, desired: dict) -> bool:
@@ -137,6 +164,9 @@ def _node_drifted(current: client.V1Node, desired: dict) -> bool:
     if have_taints != want_taints:
         return True
     status = current.status
+    have_addresses = [(a.type, a.address) for a in (status.addresses or [])]
+    if have_addresses != [(a["type"], a["address"]) for a in desired["status"]["addresses"]]:
+        return True
     for field in ("capacity", "allocatable"):
         have = getattr(status, field) or {}
         # The API server canonicalises quantities (978944Mi comes back as 956Gi).
@@ -186,3 +216,66 @@ def wait_default_service_account(api: client.ApiClient, namespace: str = "defaul
             if e.status != 404 or time.monotonic() > deadline:
                 raise
         time.sleep(0.3)
+
+
+def service_account_token(api: client.ApiClient, namespace: str, name: str, seconds: int,
+                          rules: list[dict[str, Any]]) -> str:
+    """A token of ServiceAccount namespace/name, bound cluster-wide to a ClusterRole of the same name holding
+    `rules` (created or brought back to them)."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    labels = {MANAGED_LABEL: MANAGED_BY}
+    _create_or_replace(lambda b: core.create_namespaced_service_account(namespace, b), None,
+                       {"metadata": {"name": name, "namespace": namespace, "labels": labels}})
+    _create_or_replace(rbac.create_cluster_role, lambda b: rbac.replace_cluster_role(name, b),
+                       {"metadata": {"name": name, "labels": labels}, "rules": rules})
+    _create_or_replace(rbac.create_cluster_role_binding, lambda b: rbac.replace_cluster_role_binding(name, b),
+                       {"metadata": {"name": name, "labels": labels},
+                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    answer = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": seconds}})
+    return answer.status.token
+
+
+def _create_or_replace(create, replace, body: dict) -> None:
+    try:
+        create(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        if replace is not None:
+            replace(body)
+
+
+def write_token_kubeconfig(path: Path, admin_kubeconfig: Path, token: str) -> None:
+    """A kubeconfig with the admin one's server and CA, and `token` as its only credential."""
+    import yaml
+
+    src = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    cluster = src["clusters"][0]
+    doc = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+           "users": [{"name": "token", "user": {"token": token}}],
+           "contexts": [{"name": "token", "context": {"cluster": cluster["name"], "user": "token"}}],
+           "current-context": "token"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def token_works(kubeconfig: Path) -> bool:
+    """Whether the kubeconfig's credentials may still list pods (a token expires, a cluster is recreated)."""
+    if not kubeconfig.is_file():
+        return False
+    try:
+        api = api_client(kubeconfig)
+    except Exception:  # a broken file: written anew
+        return False
+    try:
+        client.CoreV1Api(api).list_pod_for_all_namespaces(limit=1, _request_timeout=10)
+        return True
+    except Exception:  # refused, expired, or the API server unreachable (urllib3 errors): written anew
+        return False
+    finally:
+        api.close()

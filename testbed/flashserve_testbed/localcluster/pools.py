@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from . import loopback
+
 MANAGED_BY = "flashserve-localcluster"
 MANAGED_LABEL = "app.kubernetes.io/managed-by"
 POOL_LABEL = "flashserve.io/pool"
@@ -118,15 +120,17 @@ def node_names(pool: PoolSpec) -> list[tuple[str, int | None]]:
     return [(f"{pool.name}-{n}", None) for n in range(pool.node_count)]
 
 
-def build_nodes(pools: list[PoolSpec], reserved: dict[str, Any]) -> list[dict[str, Any]]:
+def build_nodes(pools: list[PoolSpec], reserved: dict[str, Any], slot: int = 0) -> list[dict[str, Any]]:
+    """Node objects of every pool; `slot` places the cluster's addresses in 127.0.0.0/8 (loopback.py)."""
     nodes = []
     for p_index, pool in enumerate(pools):
         for n_index, (name, rack) in enumerate(node_names(pool)):
-            nodes.append(_node(pool, name, rack, p_index, n_index, reserved))
+            nodes.append(_node(pool, name, rack, p_index, n_index, reserved, slot))
     return nodes
 
 
-def _node(pool: PoolSpec, name: str, rack: int | None, p_index: int, n_index: int, reserved: dict) -> dict:
+def _node(pool: PoolSpec, name: str, rack: int | None, p_index: int, n_index: int, reserved: dict,
+          slot: int) -> dict:
     f = pool.fields
     arch = f.get("arch", "amd64")
     labels = {
@@ -162,8 +166,9 @@ def _node(pool: PoolSpec, name: str, rack: int | None, p_index: int, n_index: in
         labels["flashserve.io/rack"] = f"{pool.name}-r{rack}"
     labels.update({str(k): str(v) for k, v in (f.get("labels") or {}).items()})
     # Fixed per pool and node index, so resizing a pool never changes an existing node's (immutable) podCIDR.
-    pod_cidr = f"10.{64 + p_index * 16 + n_index // 256}.{n_index % 256}.0/24"
-    internal_ip = f"172.{16 + p_index}.{n_index // 250}.{n_index % 250 + 2}"
+    # Loopback, so pods' and nodes' addresses are ones local processes can listen on and discoverers can reach.
+    pod_cidr = loopback.pod_cidr(slot, p_index, n_index, pool.name)
+    internal_ip = loopback.node_ip(slot, p_index, n_index, pool.name)
     return {
         "apiVersion": "v1",
         "kind": "Node",

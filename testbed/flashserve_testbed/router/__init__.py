@@ -1,7 +1,3 @@
-"""An OpenAI-compatible router in front of each serving's ready engines, with session and prefix-cache
-affinity and a least-loaded fallback, as an inference gateway does (docs/mock-runtime.md)."""
-
-from flashserve_testbed.router.affinity import Policy
-from flashserve_testbed.router.server import Router
-
-__all__ = ["Policy", "Router"]
+"""vLLM's own router (`vllm-router`) in the test bed: the binary and its options, a fleet of mock engines, a
+random-per-request baseline proxy and the policy benchmark (docs/vllm-router.md). On the local cluster the
+mock runtime runs each serving's router pods as `vllm-router` (docs/mock-runtime.md)."""

@@ -18,8 +18,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flashserve mock-runtime",
         description="Run the mock `vllm serve` for every DeepSeekServing pod that KWOK runs on a simulated GPU node, "
-                    "keep pod readiness honest, publish engines to Prometheus (file_sd) and, with --router-port, "
-                    "serve one OpenAI endpoint per serving at http://127.0.0.1:PORT/NAMESPACE/SERVING/v1.")
+                    "run each serving's router pods as the real vllm-router on their pod IPs, keep pod readiness "
+                    "honest, and publish engines and routers to Prometheus (file_sd).")
     p.add_argument("--kubeconfig", help="default: the local cluster's, else KUBECONFIG or in-cluster")
     p.add_argument("--cluster-dir", type=Path,
                    help="the local cluster (default: FLASHSERVE_CLUSTER_DIR or its default)")
@@ -31,22 +31,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="engine profile for every pod (default: by the node's GPU and the group size); "
                                       "a pod's own FLASHSERVE_MOCK_PROFILE still wins")
     p.add_argument("--seed", type=int, default=0, help="mixed with each pod's name into FLASHSERVE_MOCK_SEED")
-    p.add_argument("--router-port", type=int, help="serve the router on 127.0.0.1:PORT (0: a free port)")
-    p.add_argument("--router-max-inflight", type=int, default=0,
-                   help="requests per engine before the router queues (default 0: no limit)")
-    p.add_argument("--router-queue-timeout", type=float, default=30.0,
-                   help="seconds a request may wait for a ready engine (default 30)")
+    p.add_argument("--status-port", type=int,
+                   help="serve /-/engines (what runs) and /metrics (the runtime's own) on 127.0.0.1:PORT (0: free)")
     p.add_argument("--probe-interval", type=float, default=1.0, help="wall seconds between /health probes")
     p.add_argument("--failure-threshold", type=int,
                    help="failed probes before a ready pod turns not ready (default: its readinessProbe's, else 3)")
     p.add_argument("--restart-backoff", type=float, default=10.0,
                    help="first restart delay of a dead engine in engine seconds, doubling to 300 (kubelet: 10)")
-    p.add_argument("--file-sd", type=Path, help="Prometheus target file (default: in the local cluster's file_sd dir)")
+    p.add_argument("--file-sd", type=Path,
+                   help="Prometheus target file (default: none when the local cluster's Prometheus discovers pods "
+                        "itself, else one in its file_sd dir)")
     p.add_argument("--no-file-sd", action="store_true", help="write no Prometheus target file")
     p.add_argument("--log-dir", type=Path, help="engine logs (default: <cluster dir>/logs/engines)")
-    p.add_argument("--loopback-shift", type=int,
-                   help="moves the second octet of every engine address 127.B.c.d (default: derived from the API "
-                        "server's URL, so runtimes of two clusters do not collide; 0 keeps the pod IP's)")
     p.add_argument("--engine-bin", help="directory whose `vllm` is the mock engine (default: this interpreter's)")
     p.add_argument("--any-node", action="store_true", help="also run pods on nodes that are not KWOK's")
     p.add_argument("--exit-after-api-gone", type=float, default=120.0,
@@ -64,8 +60,10 @@ def _resolve(args) -> tuple[str | None, Path | None, Path, Path | None]:
     info = load_info(layout)
     kubeconfig = args.kubeconfig or (str(info.kubeconfig) if info else None)
     file_sd = None
+    # A cluster whose Prometheus discovers the pods itself (kubernetes_sd) needs no target file, unless asked.
+    discovers = info is not None and info.prometheus_discovery == "kubernetes_sd"
     if not args.no_file_sd:
-        file_sd = args.file_sd or (Path(info.file_sd_dir) / FILE_NAME if info else None)
+        file_sd = args.file_sd or (Path(info.file_sd_dir) / FILE_NAME if info and not discovers else None)
     log_dir = args.log_dir or (layout.logs / "engines" if info else Path(tempfile.gettempdir()) / "flashserve-engines")
     return kubeconfig, file_sd, log_dir, (layout.root if info else None)
 
@@ -77,41 +75,36 @@ async def _watch_dir(path: Path) -> None:
 
 
 async def amain(args) -> int:
-    from flashserve_testbed.router import Policy, Router
     from flashserve_testbed.runtime.engine import ProbeSettings
     from flashserve_testbed.runtime.kubeapi import KubeAPI
     from flashserve_testbed.runtime.launch import (
         LaunchSettings,
-        cluster_shift,
         default_engine_bin,
     )
-    from flashserve_testbed.runtime.metrics import RuntimeCollector
     from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
 
     kubeconfig, file_sd, log_dir, cluster_root = _resolve(args)
     api = KubeAPI.from_kubeconfig(kubeconfig)
-    shift = args.loopback_shift if args.loopback_shift is not None else cluster_shift(api.host)
     settings = RuntimeSettings(
         launch=LaunchSettings(engine_bin=args.engine_bin or default_engine_bin(), time_scale=args.time_scale,
                               startup_seconds=args.startup_seconds, seed=args.seed,
-                              loopback_shift=shift, profile=args.profile),
+                              profile=args.profile),
         probe=ProbeSettings(interval=args.probe_interval, failure_threshold=args.failure_threshold,
                             backoff_base=args.restart_backoff),
         namespace=args.namespace, file_sd=file_sd, log_dir=log_dir, any_node=args.any_node,
         api_gone_seconds=args.exit_after_api_gone,
     )
-    router = None
-    if args.router_port is not None:
-        router = Router(Policy(max_inflight=args.router_max_inflight), queue_timeout=args.router_queue_timeout)
-    runtime = Runtime(api, settings, router)
-    if router is not None:
-        router.registry.register(RuntimeCollector(runtime))
-        router.app["extra_state"] = lambda: {"engines": _engines_state(runtime)}
-        url = await router.start("127.0.0.1", args.router_port)
-        runtime.router_target = url.removeprefix("http://")
-        log.info("router: %s/NAMESPACE/SERVING/v1 (metrics on %s/metrics)", url, url)
-    log.info("mock runtime: engines from %s on 127.x.c.d (shift %d), time scale %g, start-up %s, Prometheus targets "
-             "%s, engine logs in %s", settings.launch.engine_bin, shift, args.time_scale,
+    runtime = Runtime(api, settings)
+    status_server = None
+    if args.status_port is not None:
+        from flashserve_testbed.runtime.statusserver import StatusServer
+
+        status_server = StatusServer(runtime)
+        url = await status_server.start("127.0.0.1", args.status_port)
+        runtime.status_target = url.removeprefix("http://")
+        log.info("status: %s/-/engines, metrics on %s/metrics", url, url)
+    log.info("mock runtime: engines from %s on their (loopback) pod IPs, time scale %g, start-up %s, Prometheus targets "
+             "%s, engine logs in %s", settings.launch.engine_bin, args.time_scale,
              f"{args.startup_seconds:g} engine-s" if args.startup_seconds is not None else "from the profile",
              file_sd or "off", log_dir)
     main = asyncio.ensure_future(runtime.run())
@@ -133,17 +126,10 @@ async def amain(args) -> int:
             w.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await main
-        if router is not None:
-            await router.stop()
+        if status_server is not None:
+            await status_server.stop()
         await api.close()
     return code
-
-
-def _engines_state(runtime) -> list[dict]:
-    return [{"namespace": e.namespace, "pod": e.name, "uid": e.uid, "serving": e.serving, "group": e.group,
-             "node": e.node, "url": e.launch.url, "profile": e.launch.profile, "pid": e.pid, "state": e.state,
-             "ready": e.healthy, "restarts": e.restarts, "ready_after_s": e.ready_after, "log": str(e.log_path)}
-            for e in runtime.engines.values()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ class ProbeSettings:
 
 class Hooks(Protocol):
     """What an engine needs from the runtime: the API for status patches, an HTTP session for probes, and a
-    callback when what it serves changes (router endpoints, Prometheus targets)."""
+    callback when what it serves changes (Prometheus targets)."""
 
     patch: Callable[[str, str, dict], Awaitable[dict | None]]
     http: aiohttp.ClientSession
@@ -71,8 +71,17 @@ def backoff_seconds(failures: int, base: float, cap: float) -> float:
     return min(cap, base * 2 ** (failures - 1))
 
 
+class StartRefused(RuntimeError):
+    """A start the runtime will not make (yet): the pod's container fails with this reason and message."""
+
+    def __init__(self, message: str, reason: str = "CreateContainerConfigError"):
+        super().__init__(message)
+        self.reason = reason
+
+
 class PodEngine:
-    def __init__(self, pod: dict, launch: Launch, hooks: Hooks, probe: ProbeSettings, node: str = ""):
+    def __init__(self, pod: dict, launch: Launch, hooks: Hooks, probe: ProbeSettings, node: str = "",
+                 prepare: Callable[[], Awaitable[None]] | None = None):
         meta = pod["metadata"]
         self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
         labels = meta.get("labels") or {}
@@ -97,6 +106,8 @@ class PodEngine:
         self.started = time.monotonic()
         self.started_at = status.now_iso()
         self.container_id = ""
+        # Run before every start (a router's guard and credentials); StartRefused fails that start.
+        self.prepare = prepare
 
     @property
     def key(self) -> str:
@@ -117,7 +128,7 @@ class PodEngine:
 
     async def stop(self, report: bool = False) -> None:
         """Stop the engine; `report`: also mark the container terminated (the pod stays, the runtime goes)."""
-        # Out of the router and the targets first, as a terminating pod leaves its Service's endpoints at once.
+        # Out of the targets first, as a terminating pod leaves its Service's endpoints at once.
         self.healthy = False
         self.state = "stopping"
         self.hooks.changed(self)
@@ -131,6 +142,8 @@ class PodEngine:
                                                 self.started_at, "stopped with the mock runtime",
                                                 reason="RuntimeStopped"))
         self.state = "stopped"
+        if self.launch.kubeconfig:
+            Path(self.launch.kubeconfig).unlink(missing_ok=True)  # a token of a pod that is gone
         self.hooks.changed(self)
 
     # ------------------------------------------------------------------ the loop
@@ -145,10 +158,20 @@ class PodEngine:
                 log.info("%s/%s: restarting the engine in %.1fs (back-off)", self.namespace, self.name, delay)
                 await asyncio.sleep(delay)
             started_at = self.started_at = status.now_iso()
+            if self.prepare is not None:
+                try:
+                    await self.prepare()
+                except StartRefused as e:
+                    log.error("%s/%s: not starting: %s", self.namespace, self.name, e)
+                    await self._patch(status.terminated(self.pod, self.launch.container, "", 1, started_at, str(e),
+                                                        reason=e.reason))
+                    failures += 1
+                    continue
             if not address_free(self.launch.address, self.launch.port):
                 # Another cluster's runtime (or anything else) owns the address: probing it would read someone
                 # else's engine, so this pod fails like a container whose port is taken.
-                msg = f"{self.launch.address}:{self.launch.port} is already in use (use --loopback-shift)"
+                msg = (f"{self.launch.address}:{self.launch.port} is already in use (another local cluster with the "
+                       "same loopback slot? set FLASHSERVE_CLUSTER_LOOPBACK_SLOT for one of them)")
                 log.error("%s/%s: %s", self.namespace, self.name, msg)
                 await self._patch(status.terminated(self.pod, self.launch.container, "", 1, started_at, msg))
                 failures += 1
@@ -219,7 +242,7 @@ class PodEngine:
     async def _health(self) -> bool:
         timeout = aiohttp.ClientTimeout(total=max(1.0, self.probe.interval))
         try:
-            async with self.hooks.http.get(self.launch.url + "/health", timeout=timeout) as resp:
+            async with self.hooks.http.get(self.launch.probe_url, timeout=timeout) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False

@@ -1,4 +1,4 @@
-"""Prometheus file_sd target files for the runtime's engines (and its router), written atomically."""
+"""Prometheus file_sd target files for the runtime's engines, router pods and own metrics, written atomically."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 FILE_NAME = "flashserve-runtime.json"
 ENGINE_JOB = "vllm"
-ROUTER_JOB = "flashserve-router"
+ROUTER_POD_JOB = "vllm-router"  # router pods' metrics port
+RUNTIME_JOB = "flashserve-runtime"  # the runtime's own /metrics (--status-port)
 
 
 @dataclass(frozen=True)
@@ -22,18 +23,21 @@ class EngineTarget:
     serving: str
     group: str
     node: str = ""
+    job: str = ENGINE_JOB
 
 
-def target_groups(engines: list[EngineTarget], router: str | None = None) -> list[dict]:
+def target_groups(engines: list[EngineTarget], status: str | None = None) -> list[dict]:
     """One group per engine, so each carries its own labels; sorted, so equal sets give equal files."""
     groups = []
     for e in sorted(engines, key=lambda e: (e.namespace, e.pod)):
-        labels = {"job": ENGINE_JOB, "namespace": e.namespace, "pod": e.pod, "serving": e.serving, "group": e.group}
+        labels = {"job": e.job, "namespace": e.namespace, "pod": e.pod, "serving": e.serving}
+        if e.group:
+            labels["group"] = e.group
         if e.node:
             labels["node"] = e.node
         groups.append({"targets": [f"{e.address}:{e.port}"], "labels": labels})
-    if router:
-        groups.append({"targets": [router], "labels": {"job": ROUTER_JOB}})
+    if status:
+        groups.append({"targets": [status], "labels": {"job": RUNTIME_JOB}})
     return groups
 
 
@@ -63,5 +67,5 @@ def write_atomic(path: Path, text: str) -> bool:
     return True
 
 
-def write_targets(path: Path, engines: list[EngineTarget], router: str | None = None) -> bool:
-    return write_atomic(path, json.dumps(target_groups(engines, router), indent=1) + "\n")
+def write_targets(path: Path, engines: list[EngineTarget], status: str | None = None) -> bool:
+    return write_atomic(path, json.dumps(target_groups(engines, status), indent=1) + "\n")

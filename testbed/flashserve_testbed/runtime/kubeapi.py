@@ -22,11 +22,19 @@ class ApiError(Exception):
 
 
 class KubeAPI:
-    def __init__(self, host: str, ssl_context: ssl.SSLContext | bool | None, headers: dict[str, str]):
+    def __init__(self, host: str, ssl_context: ssl.SSLContext | bool | None, headers: dict[str, str],
+                 ca_file: str | None = None):
         self.host = host.rstrip("/")
         self.ssl = ssl_context
         self.headers = headers
+        self.ca_file = ca_file  # the API server's CA, handed on to the pods' own kubeconfigs
         self._session: aiohttp.ClientSession | None = None
+
+    def ca_pem(self) -> bytes | None:
+        if not self.ca_file:
+            return None
+        with open(self.ca_file, "rb") as fh:
+            return fh.read()
 
     @classmethod
     def from_kubeconfig(cls, path: str | None) -> "KubeAPI":
@@ -54,7 +62,7 @@ class KubeAPI:
         token = cfg.get_api_key_with_prefix("authorization") if cfg.api_key else None
         if token:
             headers["Authorization"] = token
-        return cls(cfg.host, ctx, headers)
+        return cls(cfg.host, ctx, headers, cfg.ssl_ca_cert or None)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -71,6 +79,14 @@ class KubeAPI:
     async def get(self, path: str, params: dict | None = None, timeout: float = 30) -> dict:
         async with self.session.get(self.host + path, params=params,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise ApiError(resp.status, text)
+            return json.loads(text)
+
+    async def post(self, path: str, body: dict, timeout: float = 30) -> dict:
+        async with self.session.post(self.host + path, data=json.dumps(body), timeout=aiohttp.ClientTimeout(total=timeout),
+                                     headers={"Content-Type": "application/json"}) as resp:
             text = await resp.text()
             if resp.status >= 400:
                 raise ApiError(resp.status, text)

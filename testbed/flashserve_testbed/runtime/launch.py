@@ -1,5 +1,6 @@
-"""What the runtime starts for one pod: the engine container's command line, environment, loopback address,
-API port and the calibration profile of the simulated hardware. Pure functions of the pod and its node."""
+"""What the runtime starts for one pod: the engine container's command line, environment, address (the pod IP),
+API port and the calibration profile of the simulated hardware; for a router pod, the real `vllm-router` with
+its own command line. Pure functions of the pod and its node."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ ENGINE_CONTAINER = "vllm"
 # The vllm/vllm-openai image's ENTRYPOINT, for pods that set only args.
 IMAGE_ENTRYPOINT = ["vllm", "serve"]
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+SERVING_LABEL = "flashserve.io/serving"
+ROUTER_COMPONENT = "router"
+ROUTER_CONTAINER = "router"
+ROUTER_ENTRYPOINT = ["vllm-router"]
+ROUTER_DEFAULT_PORT = 30000  # vllm-router's own --port default
 
 
 @dataclass(frozen=True)
@@ -27,8 +34,8 @@ class LaunchSettings:
     time_scale: float = 1.0
     startup_seconds: float | None = None  # engine seconds; None lets the engine draw from its profile
     seed: int = 0
-    loopback_shift: int = 0  # moves the second octet, so two runtimes of two clusters do not collide
     profile: str | None = None  # one profile for every pod instead of choosing by GPU and group size
+    router_bin: str | None = None  # directory whose `vllm-router` router pods run; None: engine_bin
 
 
 @dataclass(frozen=True)
@@ -40,10 +47,19 @@ class Launch:
     profile: str
     container: str
     notes: list[str] = field(default_factory=list)
+    kind: str = "engine"  # or "router"
+    probe_path: str = "/health"
+    probe_port: int | None = None  # None: `port`
+    kubeconfig: str | None = None  # a router's own credentials, written by the runtime before each start
+    metrics_port: int | None = None  # a router's --prometheus-port
 
     @property
     def url(self) -> str:
         return f"http://{self.address}:{self.port}"
+
+    @property
+    def probe_url(self) -> str:
+        return f"http://{self.address}:{self.probe_port or self.port}{self.probe_path}"
 
 
 def engine_container(pod: dict) -> dict:
@@ -53,25 +69,18 @@ def engine_container(pod: dict) -> dict:
     return next((c for c in containers if c.get("name") == ENGINE_CONTAINER), containers[0])
 
 
-def loopback_address(pod_ip: str | None, key: str, shift: int = 0) -> str:
-    """127.B.c.d for pod IP a.b.c.d, B = b shifted within 1..254, so each pod's engine owns an address as it owns
-    its pod IP, and two clusters on one machine (same pod CIDRs, different shifts) do not collide. Without an
-    IPv4 pod IP the address is hashed from `key` into 127.255/16."""
+def pod_address(pod_ip: str | None, where: str = "pod") -> str:
+    """The address a pod's process listens on: its pod IP itself, which the local cluster gives from
+    127.0.0.0/8 (localcluster/loopback.py), so what discovers the pod through the API reaches the process."""
     try:
         ip = ipaddress.ip_address(pod_ip or "")
     except ValueError:
-        ip = None
-    if isinstance(ip, ipaddress.IPv4Address) and not ip.is_loopback:
-        _, b, c, d = ip.packed
-        if d not in (0, 255):
-            return f"127.{1 + (b - 1 + shift) % 254}.{c}.{d}"
-    h = zlib.crc32(key.encode())
-    return f"127.255.{(h >> 8) & 0xFF}.{1 + (h & 0xFF) % 254}"
-
-
-def cluster_shift(server: str) -> int:
-    """The default shift: fixed per API server, so runtimes of two local clusters use different addresses."""
-    return zlib.crc32(server.encode()) % 254
+        raise ValueError(f"{where}: status.podIP {pod_ip!r} is not an IP address yet") from None
+    if not ip.is_loopback or ip == ipaddress.ip_address("127.0.0.1"):
+        raise ValueError(f"{where}: status.podIP {pod_ip} is outside 127.0.0.0/8 (or 127.0.0.1 itself); the mock "
+                         "runtime listens only on loopback pod IPs: give the pod's node a podCIDR inside "
+                         "127.0.0.0/8, as `flashserve cluster up` does for its node pools")
+    return str(ip)
 
 
 def _flag_value(argv: list[str], *names: str) -> str | None:
@@ -158,6 +167,74 @@ def pod_seed(seed: int, namespace: str, name: str) -> int:
     return zlib.crc32(f"{seed}/{namespace}/{name}".encode()) & 0x7FFFFFFF
 
 
+def is_router_pod(pod: dict) -> bool:
+    """A serving's router: the component label says so and it has the `router` container (routing contract)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return (labels.get(COMPONENT_LABEL) == ROUTER_COMPONENT and bool(labels.get(SERVING_LABEL))
+            and any(c.get("name") == ROUTER_CONTAINER for c in containers))
+
+
+def _container_port(container: dict, port, where: str) -> int:
+    """A probe's port: a number, or the name of one of the container's ports."""
+    if isinstance(port, int) or (isinstance(port, str) and port.isdigit()):
+        return int(port)
+    for p in container.get("ports") or []:
+        if p.get("name") == port:
+            return int(p["containerPort"])
+    raise ValueError(f"{where}: port {port!r} is not a port of container {container.get('name')!r}")
+
+
+def probe_target(container: dict, default_port: int, where: str) -> tuple[str, int]:
+    """(path, port) the runtime probes: the readinessProbe's httpGet when it has one, else /health."""
+    http = ((container.get("readinessProbe") or {}).get("httpGet")) or {}
+    if not http:
+        return "/health", default_port
+    path = str(http.get("path") or "/")
+    port = _container_port(container, http.get("port", default_port), f"{where}: readinessProbe.httpGet")
+    return (path if path.startswith("/") else "/" + path), port
+
+
+def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str) -> Launch:
+    """The router container's own command (vllm-router ...) with `--host <podIP> --prometheus-host <podIP>`
+    appended (its launcher is argparse with plain `store` options: the last value wins), and KUBECONFIG set to
+    `kubeconfig`, the pod's own ServiceAccount credentials the runtime writes."""
+    meta = pod["metadata"]
+    ns, name = meta.get("namespace", "default"), meta["name"]
+    where = f"pod {ns}/{name}"
+    container = next(c for c in pod["spec"]["containers"] if c.get("name") == ROUTER_CONTAINER)
+    resolved = resolve_env(pod, container)
+    argv = command_line(container, resolved.env, ROUTER_ENTRYPOINT)
+    notes = list(resolved.notes)
+    if not container.get("command"):
+        notes.append(f"no command: using {' '.join(ROUTER_ENTRYPOINT)}")
+    address = pod_address((pod.get("status") or {}).get("podIP"), where)
+    argv += ["--host", address, "--prometheus-host", address]
+    value = _flag_value(argv, "--port")
+    if value is not None and value.isdigit():
+        port = int(value)
+    else:
+        port = next((int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name") == "http"),
+                    ROUTER_DEFAULT_PORT)
+    probe_path, probe_port = probe_target(container, port, where)
+    metrics = _flag_value(argv, "--prometheus-port")
+    metrics_port = int(metrics) if metrics is not None and metrics.isdigit() else next(
+        (int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name") == "metrics"), None)
+    bin_dir = settings.router_bin or settings.engine_bin
+    env = {"PATH": f"{bin_dir}{os.pathsep}{SYSTEM_PATH}", "HOME": "/tmp", "LANG": "C.UTF-8", "HOSTNAME": name}
+    env.update(resolved.env)
+    if "PATH" in resolved.env:
+        env["PATH"] = f"{bin_dir}{os.pathsep}{resolved.env['PATH']}"
+    # Last, so nothing in the pod can point the router at other credentials (the admin's above all).
+    env["KUBECONFIG"] = kubeconfig
+    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        env.pop(var, None)
+    return Launch(argv=argv, env=env, address=address, port=port, profile="", container=ROUTER_CONTAINER,
+                  notes=notes, kind="router", probe_path=probe_path, probe_port=probe_port, kubeconfig=kubeconfig,
+                  metrics_port=metrics_port)
+
+
 def build_launch(pod: dict, node: dict | None, settings: LaunchSettings) -> Launch:
     meta, status = pod["metadata"], pod.get("status") or {}
     ns, name = meta.get("namespace", "default"), meta["name"]
@@ -167,9 +244,10 @@ def build_launch(pod: dict, node: dict | None, settings: LaunchSettings) -> Laun
     notes = list(resolved.notes)
     if not container.get("command"):
         notes.append(f"no command: using the image entry point {' '.join(IMAGE_ENTRYPOINT)}")
-    address = loopback_address(status.get("podIP"), f"{ns}/{name}/{meta.get('uid', '')}", settings.loopback_shift)
-    # In a pod, vLLM's default host (all interfaces) means the pod IP; here the pod's loopback address stands in
-    # for it. The flag goes last, inside "$@" of the multi-node wrapper script too, so argparse takes it.
+    address = pod_address(status.get("podIP"), f"pod {ns}/{name}")
+    # In a pod, vLLM's default host (all interfaces) means the pod IP; here the process binds that IP alone (all
+    # interfaces would be every pod's). The flag goes last, inside "$@" of the multi-node wrapper script too,
+    # so argparse takes it.
     argv.append("--host")
     argv.append(address)
     port = api_port(argv, container)

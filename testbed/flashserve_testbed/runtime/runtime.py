@@ -1,10 +1,13 @@
-"""The runtime's control loop: watch serving pods, run an engine for each one KWOK runs on a simulated node,
-and publish the engines to Prometheus (file_sd) and to the router."""
+"""The runtime's control loop: watch serving pods, run an engine (or, for a router pod, the real vllm-router)
+for each one KWOK runs on a simulated node, and publish engines and routers to Prometheus (file_sd). Router
+pods discover pods themselves, so they start only behind the loopback guard."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +15,11 @@ from urllib.parse import quote
 
 import aiohttp
 
-from flashserve_testbed.runtime import filesd
-from flashserve_testbed.runtime.engine import PodEngine, ProbeSettings
+from flashserve_testbed.localcluster.loopback import NotLoopback, require_loopback
+from flashserve_testbed.runtime import credentials, filesd
+from flashserve_testbed.runtime.engine import PodEngine, ProbeSettings, StartRefused
 from flashserve_testbed.runtime.kubeapi import ApiError, KubeAPI
-from flashserve_testbed.runtime.launch import LaunchSettings, build_launch
+from flashserve_testbed.runtime.launch import LaunchSettings, build_launch, build_router_launch, is_router_pod
 from flashserve_testbed.runtime.podenv import EnvError
 
 log = logging.getLogger("flashserve_testbed.runtime")
@@ -33,6 +37,8 @@ class RuntimeSettings:
     log_dir: Path = Path("engine-logs")
     any_node: bool = False  # also pods on real nodes (a kind node has its own kubelet: leave it False there)
     api_gone_seconds: float = 120.0  # give up (and stop every engine) when the API server is gone this long
+    credentials_dir: Path | None = None  # router pods' kubeconfigs; None: <log_dir>/../credentials
+    guard_interval: float = 5.0  # wall seconds between loopback checks while router pods run
 
 
 def runnable(pod: dict, node: dict | None, any_node: bool = False) -> bool:
@@ -48,15 +54,14 @@ def runnable(pod: dict, node: dict | None, any_node: bool = False) -> bool:
 
 
 class Runtime:
-    def __init__(self, api: KubeAPI, settings: RuntimeSettings, router=None):
+    def __init__(self, api: KubeAPI, settings: RuntimeSettings):
         self.api = api
         self.settings = settings
-        self.router = router
         self.engines: dict[str, PodEngine] = {}  # by pod uid
         self.nodes: dict[str, dict | None] = {}
         self.skipped: set[str] = set()  # uids that cannot be launched; logged once
         self.stopping: dict[tuple[str, str], asyncio.Task] = {}
-        self.router_target: str | None = None
+        self.status_target: str | None = None  # the runtime's own /metrics, host:port
         self.http: aiohttp.ClientSession | None = None
         self.time_scale = settings.launch.time_scale
         self.log_dir = settings.log_dir
@@ -76,12 +81,6 @@ class Runtime:
         return None
 
     def changed(self, engine: PodEngine) -> None:
-        if self.router is not None:
-            if engine.state in ("stopping", "stopped"):
-                self.router.remove_endpoint(engine.namespace, engine.serving, engine.name)
-            else:
-                self.router.set_endpoint(engine.namespace, engine.serving, engine.name, engine.launch.address,
-                                         engine.launch.port, engine.group, engine.healthy)
         self._write_targets_soon()
 
     # ------------------------------------------------------------------ Prometheus targets
@@ -96,9 +95,13 @@ class Runtime:
             return
         targets = [filesd.EngineTarget(e.launch.address, e.launch.port, e.namespace, e.name, e.serving, e.group,
                                        e.node)
-                   for e in self.engines.values() if e.pid is not None]
+                   for e in self.engines.values() if e.pid is not None and e.launch.kind == "engine"]
+        targets += [filesd.EngineTarget(e.launch.address, e.launch.metrics_port, e.namespace, e.name, e.serving, "",
+                                        e.node, job=filesd.ROUTER_POD_JOB)
+                    for e in self.engines.values()
+                    if e.pid is not None and e.launch.kind == "router" and e.launch.metrics_port]
         try:
-            filesd.write_targets(self.settings.file_sd, targets, self.router_target)
+            filesd.write_targets(self.settings.file_sd, targets, self.status_target)
         except OSError as e:
             log.warning("cannot write %s: %s", self.settings.file_sd, e)
 
@@ -140,10 +143,67 @@ class Runtime:
         self.stopping[name] = task
         task.add_done_callback(lambda t: self.stopping.pop(name, None) if self.stopping.get(name) is t else None)
 
+    def _credentials_path(self, pod: dict) -> Path:
+        base = self.settings.credentials_dir or self.log_dir.parent / "credentials"
+        meta = pod["metadata"]
+        return base / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.kubeconfig"
+
+    async def check_loopback(self, component: str) -> None:
+        """Refuse (NotLoopback) while any pod or node address in the cluster is outside 127.0.0.0/8."""
+        pods = (await self.api.get("/api/v1/pods")).get("items") or []
+        nodes = (await self.api.get("/api/v1/nodes")).get("items") or []
+        require_loopback(pods, nodes, component)
+
+    def _router_prepare(self, pod: dict, path: Path):
+        meta = pod["metadata"]
+        who = f"router pod {meta['namespace']}/{meta['name']}"
+
+        async def prepare() -> None:
+            try:
+                await self.check_loopback(who)
+            except NotLoopback as e:
+                raise StartRefused(str(e), reason="NotLoopback") from None
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                raise StartRefused(f"cannot check the cluster's addresses: {e}") from None
+            try:
+                await credentials.write_pod_kubeconfig(self.api, pod, path)
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError) as e:
+                raise StartRefused(f"no token for ServiceAccount "
+                                   f"{(pod.get('spec') or {}).get('serviceAccountName') or 'default'}: {e}") from None
+        return prepare
+
+    async def guard_loop(self) -> None:
+        """While router pods run, re-check the addresses; on a violation stop their processes (each start then
+        refuses until the cluster is loopback again), since a running router connects to what it discovers."""
+        while True:
+            await asyncio.sleep(self.settings.guard_interval)
+            routers = [e for e in self.engines.values() if e.launch.kind == "router" and e.pid is not None]
+            if not routers:
+                continue
+            try:
+                await self.check_loopback("router pods")
+            except NotLoopback as e:
+                log.error("%s; stopping %d router process(es)", e, len(routers))
+                for engine in routers:
+                    pid = engine.pid
+                    if pid is not None:
+                        try:
+                            os.killpg(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                log.warning("loopback guard: %s", e)
+
     def _start(self, pod: dict, node: dict) -> None:
         meta = pod["metadata"]
+        prepare = None
         try:
-            launch = build_launch(pod, node, self.settings.launch)
+            if is_router_pod(pod):
+                path = self._credentials_path(pod)
+                launch = build_router_launch(pod, self.settings.launch, str(path))
+                prepare = self._router_prepare(pod, path)
+            else:
+                launch = build_launch(pod, node, self.settings.launch)
         except (EnvError, ValueError) as e:
             if meta["uid"] not in self.skipped:
                 self.skipped.add(meta["uid"])
@@ -151,7 +211,7 @@ class Runtime:
             return
         for note in launch.notes:
             log.warning("%s/%s: %s", meta["namespace"], meta["name"], note)
-        engine = PodEngine(pod, launch, self, self.settings.probe, node=node["metadata"]["name"])
+        engine = PodEngine(pod, launch, self, self.settings.probe, node=node["metadata"]["name"], prepare=prepare)
         self.engines[engine.key] = engine
         engine.start(after=self.stopping.get((engine.namespace, engine.name)))
 
@@ -204,9 +264,11 @@ class Runtime:
         async with aiohttp.ClientSession() as http:
             self.http = http
             self._write_targets()
+            guard = asyncio.ensure_future(self.guard_loop())
             try:
                 await self.watch_pods()
             finally:
+                guard.cancel()
                 await self.shutdown()
 
     async def shutdown(self) -> None:
