@@ -1,0 +1,145 @@
+"""The serving path under load: agentic sessions stream through the operator's router (vllm-router, run by the
+mock runtime, reached at a router pod's IP) while the serving scales down 4 -> 1 and while its one group rolls out
+to a new template through a surge group. No stream may fail, be cut before [DONE], or end short of its tokens:
+groups leave routing, drain, and only then go (docs/drain.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.support import OperatorProcess, free_port, wait_until
+from e2e.test_runtime import external_cluster  # noqa: F401 - the fixture: serving pods wait for the runtime
+
+pytestmark = pytest.mark.timeout(420)
+
+SERVING = "path"
+STARTUP = 3.0  # engine seconds to load: the surge and the replaced group start quickly
+
+
+@pytest.fixture(scope="module")
+def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_factory):  # noqa: F811
+    from flashserve_testbed.localcluster.kube import wait_default_service_account
+    from kubernetes import client
+
+    info = external_cluster
+    core = client.CoreV1Api(kube)
+    namespace = f"e2e-path-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": namespace, "labels": {"flashserve.io/e2e": "true"}}})
+    wait_default_service_account(kube, namespace)
+    logs = tmp_path_factory.mktemp("serving-path")
+    operator = OperatorProcess(info.kubeconfig, namespace, logs).start()
+    cmd = [sys.executable, "-m", "flashserve.cli", "mock-runtime", "--kubeconfig", str(info.kubeconfig),
+           "--cluster-dir", str(info.dir), "--namespace", namespace, "--time-scale", "1",
+           "--startup-seconds", str(STARTUP), "--status-port", str(free_port()), "--probe-interval", "0.5",
+           "--log-dir", str(logs / "engines")]  # fmt: skip
+    with open(logs / "runtime.log", "ab") as out:
+        runtime = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        operator.wait_serving()
+        cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+              "metadata": {"name": SERVING, "namespace": namespace},
+              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 4,
+                       "rollout": {"drainSeconds": 120}}}  # fmt: skip
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        wait_until(lambda: _ready_groups(kubectl, namespace) == 4, 120, interval=1, what="4 ready groups")
+        url = router_url(namespace, SERVING, timeout=90)
+        yield namespace, url, logs, operator
+    finally:
+        runtime.send_signal(signal.SIGTERM)
+        try:
+            runtime.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(runtime.pid, signal.SIGKILL)
+        operator.stop()
+        core.delete_namespace(namespace, propagation_policy="Background")
+
+
+def _dss(kubectl, namespace: str) -> dict:
+    return json.loads(kubectl("get", "dss", SERVING, "-n", namespace, "-o", "json").stdout)
+
+
+def _ready_groups(kubectl, namespace: str) -> int:
+    return int((_dss(kubectl, namespace).get("status") or {}).get("readyReplicas") or 0)
+
+
+def _statefulsets(kubectl, namespace: str) -> dict[str, str]:
+    """StatefulSet name -> its template hash."""
+    items = json.loads(kubectl("get", "statefulsets", "-n", namespace, "-o", "json").stdout)["items"]
+    return {s["metadata"]["name"]: s["metadata"]["annotations"].get("flashserve.io/template-hash", "")
+            for s in items if not s["metadata"].get("deletionTimestamp")}
+
+
+def _start_load(url: str, report: Path, seconds: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", f"{url}/v1", "--schedule",
+           f"ramp 0 8 3s; hold 8 {seconds}s", "--prompt-scale", "0.2", "--gap-seconds", "1", "--sla", "100",
+           "--json", str(report), "--progress-interval", "15"]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(load: subprocess.Popen, report: Path) -> dict:
+    out, _ = load.communicate(timeout=240)
+    assert load.returncode == 0, out
+    doc = json.loads(report.read_text())
+    failed = [r for r in doc.get("records") or doc.get("requests") or [] if isinstance(r, dict) and r.get("error")]
+    summary = doc["summary"]
+    assert not summary["errors"], f"{summary['errors']}: {failed[:5]}\n{out}"
+    return summary
+
+
+def test_scale_down_4_to_1_under_load_cuts_no_stream(path_stack, kubectl):
+    namespace, url, logs, operator = path_stack
+    report = logs / "scale-down.json"
+    load = _start_load(url, report, 45)
+    t0 = time.monotonic()
+    try:
+        time.sleep(10)  # sessions on every engine
+        kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
+        wait_until(lambda: len(_statefulsets(kubectl, namespace)) == 1, 150, interval=1,
+                   what="the three surplus groups drained and deleted")  # fmt: skip
+        removed_after = time.monotonic() - t0 - 10
+    finally:
+        summary = _finish(load, report)
+    drains = (_dss(kubectl, namespace).get("status") or {}).get("lastDrains") or []
+    print(f"\nscale-down 4 -> 1 under load: {summary['ok']} streams ok, 0 failed; groups gone {removed_after:.0f}s "
+          f"after the edit; drains: {[(d.get('group'), d.get('endedBy'), d.get('seconds')) for d in drains]}")
+    assert summary["ok"] > 20
+    assert {d.get("endedBy") for d in drains} <= {"Idle"}, f"a drain timed out: {drains}"
+
+
+def test_rollout_of_one_group_under_load_keeps_serving(path_stack, kubectl):
+    namespace, url, logs, operator = path_stack
+    wait_until(lambda: len(_statefulsets(kubectl, namespace)) == 1 and _ready_groups(kubectl, namespace) == 1, 150,
+               interval=1, what="one ready group")  # fmt: skip
+    (before,) = _statefulsets(kubectl, namespace).values()
+    report = logs / "rollout.json"
+    load = _start_load(url, report, 75)
+    t0 = time.monotonic()
+    try:
+        time.sleep(8)
+        patch = {"spec": {"engine": {"env": [{"name": "FLASHSERVE_E2E_ROLLOUT", "value": "1"}]}}}
+        kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", json.dumps(patch))
+        wait_until(lambda: len(_statefulsets(kubectl, namespace)) == 2, 60, interval=0.5, what="the surge group")
+
+        def rolled() -> bool:
+            sts = _statefulsets(kubectl, namespace)
+            return len(sts) == 1 and before not in sts.values() and _ready_groups(kubectl, namespace) == 1
+
+        wait_until(rolled, 200, interval=1, what="group 0 on the new template and the surge group gone")
+        took = time.monotonic() - t0 - 8
+    finally:
+        summary = _finish(load, report)
+    print(f"\none-group rollout under load (surge): {summary['ok']} streams ok, 0 failed; done {took:.0f}s after "
+          f"the edit")
+    assert summary["ok"] > 20
