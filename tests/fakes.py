@@ -108,17 +108,19 @@ class FakeKube:
         obj = self.objects.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def delete(self, namespace: str, kind: str, name: str, uid: str | None = None) -> None:
+    def delete(self, namespace: str, kind: str, name: str, uid: str | None = None) -> bool:
         self.requests += 1
         self.calls.append(("delete", kind, name))
         self._fail("delete", kind)
         if kind == "Pod":
             self.pod_meta.pop(name, None)
             self.pod_generation[name] = self.pod_generation.get(name, 0) + 1
-            return
+            return True
         obj = self.objects.get((kind, namespace, name))
         if obj is not None and (uid is None or obj["metadata"].get("uid") == uid):
             del self.objects[(kind, namespace, name)]
+            return True
+        return False  # the API server's 404 (or 409 on a uid precondition), which Kube.delete returns as False
 
     def pod_uid(self, name: str) -> str:
         return f"uid-Pod-{name}-{self.pod_generation.get(name, 0)}"

@@ -361,6 +361,26 @@ def test_a_refused_delete_is_reported_and_the_group_is_not_announced_as_deleted(
     assert "GroupsDeleted" in [e["reason"] for e in events]
 
 
+def test_a_group_deleted_moments_ago_is_not_deleted_or_announced_again_while_the_watch_lags(events, clock):
+    kube, c, status = settled({"replicas": 2, **NO_DRAIN}, clock)
+    g1 = group_name("flash", 1)
+    lagging = kube.observed(NS, "flash")  # what the watches show before the deletion reaches them
+    events.clear()
+    status = reconcile(c, kube, body("flash", {"replicas": 1, **NO_DRAIN}, status=status, generation=2))
+    assert [e["reason"] for e in events].count("GroupsDeleted") == 1
+    assert ("StatefulSet", NS, g1) not in kube.objects
+    again = body("flash", {"replicas": 1, **NO_DRAIN}, status=status, generation=2)
+    events.clear()
+    kube.calls.clear()
+    asyncio.run(c.reconcile(again, lagging, logging.getLogger("test")))
+    assert ("StatefulSet", g1) not in deleted(kube), "the delete of moments ago is not repeated"
+    assert "GroupsDeleted" not in [e["reason"] for e in events]
+    clock.advance(RECENT_WRITE_S + 1)  # the watch lags longer than the repeat window: the delete finds nothing
+    asyncio.run(c.reconcile(again, lagging, logging.getLogger("test")))
+    assert ("StatefulSet", g1) in deleted(kube)
+    assert "GroupsDeleted" not in [e["reason"] for e in events], "told once, when the group went"
+
+
 def test_a_failed_status_patch_raises_and_is_made_again_on_the_next_reconcile(events, clock):
     kube = FakeKube()
     kube.errors[("status", SERVING_KIND)] = [api_error(500, "etcdserver: request timed out")]

@@ -100,8 +100,9 @@ class Kube:
                 return None
             raise
 
-    def delete(self, namespace: str, kind: str, name: str, uid: str | None = None) -> None:
-        """Delete an object (only the one with `uid`, when given: a same-named successor is left alone)."""
+    def delete(self, namespace: str, kind: str, name: str, uid: str | None = None) -> bool:
+        """Delete an object (only the one with `uid`, when given: a same-named successor is left alone). False
+        when there was nothing to delete (already gone, or replaced by another object)."""
         path = _PATHS[(_KIND_VERSION[kind], kind)].format(ns=namespace, name=name)
         body: dict = {"propagationPolicy": "Background"}
         if uid:
@@ -111,6 +112,8 @@ class Kube:
         except ApiException as exc:
             if exc.status not in (404, 409):  # already gone (or replaced by another object) is the goal
                 raise
+            return False
+        return True
 
     def failed_create_message(self, namespace: str, statefulset: str, uid: str | None = None,
                               not_before: str | None = None) -> str | None:

@@ -114,6 +114,7 @@ class Outcome:
     refused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     skipped: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) not written: retry next time
+    gone: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) to delete that were already gone
 
 
 def _api_message(exc: Exception) -> str:
@@ -194,7 +195,8 @@ class Controller:
         for kind, name in skipped:
             self._recent.pop((kind, namespace, name), None)
 
-    def _skip_repeats(self, namespace: str, p: Plan, digests: list[str] | None = None) -> None:
+    def _skip_repeats(self, namespace: str, p: Plan, digests: list[str] | None = None,
+                      mine: Observed | None = None) -> None:
         """Drop writes identical to ones made moments ago (the watch has not shown them yet)."""
         now = time.monotonic()
         digests = digests if digests is not None else [_digest(o) for o in p.apply]
@@ -207,6 +209,12 @@ class Controller:
         p.restored = [r for r in p.restored if r in applied]
         p.delete_pods = [n for n in p.delete_pods if self._first(("Pod", namespace, n), "delete", now)]
         p.delete = [(k, n) for k, n in p.delete if self._first((k, namespace, n), "delete", now)]
+        if mine is not None:
+            # A group whose StatefulSet was deleted moments ago, still in a watch that lags, is not deleted (nor
+            # announced) again.
+            going = {((mine.statefulsets.get(n) or {}).get("metadata") or {}).get("labels", {}).get(GROUP_LABEL)
+                     for k, n in p.delete if k == "StatefulSet"}  # fmt: skip
+            p.deleted_groups = [g for g in p.deleted_groups if str(g) in going]
         p.delete_first = [(k, n) for k, n in p.delete_first if self._first((k, namespace, n), "delete", now)]
         p.migrating = [g for g in p.migrating if str(g) in applied_groups]
         p.drain_pods = [d for d in p.drain_pods if self._first(("Pod", namespace, d[0]), ROUTING_DRAIN, now)]
@@ -331,7 +339,7 @@ class Controller:
             self._draining.add((namespace, name))
         else:
             self._draining.discard((namespace, name))
-        self._skip_repeats(namespace, p, digests)
+        self._skip_repeats(namespace, p, digests, mine)
         if not p.writes:  # nothing left to do (or only what was done moments ago): nothing happened now
             _drop_unmade_drains(p, set(), mine)
         outcome = Outcome()
@@ -348,7 +356,7 @@ class Controller:
             if new := {r for r in unmade if r not in p.restored or r in retried}:
                 self._uncreated[(namespace, name)] = new
             _count_as_created(p, retried - unmade)
-            _drop_unwritten(p, outcome.skipped, mine)
+            _drop_unwritten(p, outcome.skipped, mine, outcome.gone)
             self.stats.writes += outcome.writes
             self._report(body, p, logger, spec.rollout.drain_seconds)
 
@@ -449,7 +457,11 @@ class Controller:
             if kind == "ComputeDomain":  # not watched: check it is ours first
                 attempt(kind, name, lambda k=kind, n=name: self._delete_unobserved(namespace, uid, k, n))
             else:
-                attempt(kind, name, lambda k=kind, n=name: self.kube.delete(namespace, k, n))
+                def delete(k=kind, n=name) -> None:
+                    if not self.kube.delete(namespace, k, n):
+                        out.gone.add((k, n))  # deleted earlier, and the watch has not shown it yet
+
+                attempt(kind, name, delete)
         return out
 
     def _delete_unobserved(self, namespace: str, uid: str | None, kind: str, name: str) -> None:
@@ -533,7 +545,8 @@ def _count_as_created(p: Plan, made: set[str]) -> None:
             p.created_groups = sorted({*p.created_groups, int(o["metadata"]["labels"][GROUP_LABEL])})
 
 
-def _drop_unwritten(p: Plan, skipped: set[tuple[str, str]], mine: Observed) -> None:
+def _drop_unwritten(p: Plan, skipped: set[tuple[str, str]], mine: Observed,
+                    gone: set[tuple[str, str]] = frozenset()) -> None:  # fmt: skip
     """Events tell of what was done: groups whose StatefulSet was not written (or not deleted) are not announced."""
     groups = {o["metadata"]["labels"].get(GROUP_LABEL) for o in p.apply
               if o["kind"] == "StatefulSet" and ("StatefulSet", o["metadata"]["name"]) in skipped}  # fmt: skip
@@ -544,6 +557,10 @@ def _drop_unwritten(p: Plan, skipped: set[tuple[str, str]], mine: Observed) -> N
     # A group is deleted (or its old-named copy is) only when every StatefulSet of it that the plan deletes went.
     kept = {((mine.statefulsets.get(n) or {}).get("metadata") or {}).get("labels", {}).get(GROUP_LABEL)
             for kind, n in p.delete if kind == "StatefulSet" and (kind, n) in skipped}  # fmt: skip
+    # Already gone (a watch that lags past the repeat window): deleted and announced when it went.
+    earlier = {((mine.statefulsets.get(n) or {}).get("metadata") or {}).get("labels", {}).get(GROUP_LABEL)
+               for kind, n in p.delete if kind == "StatefulSet" and (kind, n) in gone}  # fmt: skip
+    p.deleted_groups = [g for g in p.deleted_groups if str(g) not in earlier]
     p.deleted_groups = [g for g in p.deleted_groups if str(g) not in kept]
     p.migrated = [g for g in p.migrated if str(g) not in kept]
     _drop_unmade_drains(p, skipped, mine)
