@@ -483,7 +483,7 @@ def test_kube_turns_404_and_409_on_delete_into_success_and_raises_the_rest():
     path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/flash-g0"
     for status in (404, 409):
         api.answers[("DELETE", path)] = (status, "gone or replaced")
-        kube.delete(NS, "StatefulSet", "flash-g0", uid="u1")
+        assert kube.delete(NS, "StatefulSet", "flash-g0", uid="u1") is False  # nothing was deleted now
     assert api.requests[-1]["body"] == {"propagationPolicy": "Background", "preconditions": {"uid": "u1"}}
     api.answers[("DELETE", path)] = (500, "etcdserver: request timed out")
     with pytest.raises(ApiException) as err:
