@@ -100,6 +100,26 @@ def status_code(fn) -> int:
     return 200
 
 
+def test_the_api_server_enforces_owner_reference_permissions(cluster, kubectl, namespace):
+    """OwnerReferencesPermissionEnforcement is on (the local cluster enables it, as OpenShift does): a child that
+    sets blockOwnerDeletion needs `update` on its owner's finalizers. So the chart tests below, whose operator
+    runs as the chart's ServiceAccount and sets blockOwnerDeletion on every child, check that grant."""
+    if not cluster.local:
+        pytest.skip("whether another cluster enables the plugin is its own choice")
+    kubectl("-n", namespace, "create", "serviceaccount", "writer")
+    kubectl("-n", namespace, "create", "role", "writer", "--verb=create,get", "--resource=configmaps")
+    kubectl("-n", namespace, "create", "rolebinding", "writer", "--role=writer", f"--serviceaccount={namespace}:writer")
+    kubectl("-n", namespace, "create", "configmap", "owner")
+    uid = get_json(kubectl, "-n", namespace, "configmap", "owner")["metadata"]["uid"]
+    child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "child", "ownerReferences": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid, "blockOwnerDeletion": True}]}}
+    user = f"--as=system:serviceaccount:{namespace}:writer"
+    refused = kubectl("-n", namespace, "create", "-f", "-", user, input=json.dumps(child), check=False)
+    assert refused.returncode != 0 and "blockOwnerDeletion" in refused.stderr, refused.stdout + refused.stderr
+    del child["metadata"]["ownerReferences"][0]["blockOwnerDeletion"]
+    kubectl("-n", namespace, "create", "-f", "-", user, input=json.dumps(child))
+
+
 def test_helm_install_namespaced_operator_reconciles_and_autoscales_with_chart_rbac(
     cluster, helm, kubectl, kube, namespace, make_namespace, tmp_path
 ):

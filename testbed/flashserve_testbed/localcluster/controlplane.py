@@ -18,6 +18,7 @@ import yaml
 from . import loopback, procs
 from .paths import CLUSTER_NAME, Layout
 
+ADMISSION_PLUGINS = "OwnerReferencesPermissionEnforcement"  # beside the API server's default ones
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 CONTEXT = "flashserve-local"
 
@@ -68,6 +69,11 @@ class ControlPlane:
                 "etcdBinary": str(b / "etcd"),
                 "kwokControllerBinary": str(b / "kwok"),
             },
+            # OpenShift enables it, and it is where a missing `finalizers` grant shows: setting
+            # blockOwnerDeletion on a child then needs `update` on the owner's finalizers, so the e2e tests that
+            # run the operator as the chart's ServiceAccount check that grant.
+            "componentsPatches": [{"name": "kube-apiserver", "extraArgs": [
+                {"key": "enable-admission-plugins", "value": ADMISSION_PLUGINS}]}],
         }
         docs = [doc]
         if self.loopback_slot is not None:
