@@ -53,8 +53,8 @@ def requests_in_flight(text: str) -> int | None:
 
 
 class EngineMetrics:
-    """Reads an engine's requests in flight over HTTP; None for any failure (no answer, not 200, too large,
-    not vLLM's metrics)."""
+    """Reads an engine's requests in flight over HTTP; 0 when the connection is refused (no engine listens);
+    None for any other failure (no answer, not 200, too large, not vLLM's metrics)."""
 
     def __init__(self, timeout: float = PROBE_TIMEOUT_S):
         self.timeout = timeout
@@ -67,7 +67,13 @@ class EngineMetrics:
                 if resp.status != 200:
                     return None
                 data = resp.read(MAX_METRICS_BYTES + 1)
-        except (OSError, ValueError, http.client.HTTPException, urllib.error.URLError):
+        except urllib.error.URLError as exc:
+            # Refused: the pod is there and nothing listens on the engine port (the engine has exited or never
+            # started), so it holds no request. A timeout or any other failure says nothing.
+            return 0 if isinstance(exc.reason, ConnectionRefusedError) else None
+        except ConnectionRefusedError:
+            return 0
+        except (OSError, ValueError, http.client.HTTPException):
             return None
         if len(data) > MAX_METRICS_BYTES:
             return None
