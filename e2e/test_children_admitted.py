@@ -39,6 +39,8 @@ def _dry_run(kube, namespace: str, obj: dict) -> str | None:
         "ServiceAccount": core.create_namespaced_service_account,
         "Role": rbac.create_namespaced_role,
         "RoleBinding": rbac.create_namespaced_role_binding,
+        "DaemonSet": apps.create_namespaced_daemon_set,
+        "Job": client.BatchV1Api(kube).create_namespaced_job,
     }[kind]
     try:
         create(namespace, body, dry_run="All", field_validation="Strict")
