@@ -201,7 +201,11 @@ def test_helm_install_namespaced_operator_reconciles_and_autoscales_with_chart_r
             wait_until(lambda: len(get_json(kubectl, "-n", target, "sts")["items"]) == 1, 60, what="group 1 deleted")
         finally:
             operator.stop()
-        logs = operator.logs()
+        # OwnerReferencesPermissionEnforcement resolves an owner's kind with a RESTMapper that learns a new CRD
+        # only at its next refresh: for a few seconds after helm installed it, every child with
+        # blockOwnerDeletion is refused as "cannot find RESTMapping" (the API server's lag, not the chart's RBAC;
+        # the next reconcile writes them). Any other refusal is an RBAC gap.
+        logs = "\n".join(line for line in operator.logs().splitlines() if "cannot find RESTMapping" not in line)
         for bad in ("Forbidden", "forbidden", "Not enough permissions"):
             assert bad not in logs, f"operator hit {bad!r} with the chart's RBAC:\n{logs}"
 
