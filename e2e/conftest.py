@@ -105,7 +105,9 @@ def cluster() -> E2ECluster:
     except ToolchainMissing as e:
         pytest.skip(f"no cluster: KUBECONFIG is unset and the local cluster cannot start ({e})")
     was_healthy = ControlPlane(layout, bin_dir).healthy()
-    info = ensure_up()
+    # The suite's baseline is KWOK's own pod readiness: a cluster a demo or benchmark left in external mode
+    # (pods wait for a runtime) would leave every test that runs no runtime waiting for Ready.
+    info = ensure_up(pod_readiness="kwok")
     yield E2ECluster(info.kubeconfig, str(info.kubectl), local=True, info=info)
     if not was_healthy and not os.environ.get("FLASHSERVE_KEEP_CLUSTER"):
         left = down()
