@@ -114,6 +114,19 @@ def cluster() -> E2ECluster:
         assert not left, f"processes left after cluster down: {left}"
 
 
+@pytest.fixture(scope="module")
+def external_cluster(cluster: E2ECluster) -> ClusterInfo:
+    """The local cluster with serving pods left Not Ready until a runtime starts their engines (the mock
+    runtime's mode); the previous mode is put back after the module."""
+    info = cluster.require_pools()
+    previous = info.pod_readiness
+    if previous != "external":
+        info = ensure_up(pod_readiness="external", quiet=True)
+    yield info
+    if previous != "external":
+        ensure_up(pod_readiness=previous, quiet=True)
+
+
 @pytest.fixture(scope="session")
 def kube(cluster: E2ECluster):
     from kubernetes import config

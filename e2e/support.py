@@ -123,3 +123,36 @@ def restart_process(pid: int, down_seconds: float = 3.0) -> int:
     new = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)  # fmt: skip
     return new.pid
+
+
+def fresh_namespace(kube, prefix: str) -> str:
+    """A fresh namespace `<prefix>-<5 hex>` labelled for the e2e sweep, its default ServiceAccount ready."""
+    import uuid
+
+    from flashserve_testbed.localcluster.kube import wait_default_service_account
+    from kubernetes import client
+
+    name = f"{prefix}-{uuid.uuid4().hex[:5]}"
+    client.CoreV1Api(kube).create_namespace({"metadata": {"name": name, "labels": {"flashserve.io/e2e": "true"}}})
+    wait_default_service_account(kube, name)
+    return name
+
+
+def start_runtime(info, namespace: str, log_dir: Path, *args: str) -> subprocess.Popen:
+    """`flashserve mock-runtime` for one namespace of the local cluster `info`, its output in log_dir/runtime.log;
+    `args` add to the runtime's flags (start-up seconds, status port, ...)."""
+    cmd = [sys.executable, "-m", "flashserve.cli", "mock-runtime", "--kubeconfig", str(info.kubeconfig),
+           "--cluster-dir", str(info.dir), "--namespace", namespace, "--log-dir", str(log_dir / "engines"), *args]
+    with open(log_dir / "runtime.log", "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stop_runtime(runtime: subprocess.Popen) -> None:
+    """SIGTERM (it stops its engines and router pods), SIGKILL to its process group after 30 s."""
+    runtime.send_signal(signal.SIGTERM)
+    try:
+        runtime.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(runtime.pid, signal.SIGKILL)
+        runtime.wait(timeout=10)

@@ -12,12 +12,8 @@ says the operator renders them, so this test does not depend on the operator's r
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -26,9 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from flashserve_testbed.localcluster import ensure_up
 
-from e2e.support import wait_until
+from e2e.support import fresh_namespace, start_runtime, stop_runtime, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -129,35 +124,16 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def external_cluster(cluster):
-    info = cluster.require_pools()
-    previous = info.pod_readiness
-    if previous != "external":
-        info = ensure_up(pod_readiness="external", quiet=True)
-    yield info
-    if previous != "external":
-        ensure_up(pod_readiness=previous, quiet=True)
-
-
-@pytest.fixture(scope="module")
 def stack(external_cluster, kube, kubectl, tmp_path_factory):
-    from flashserve_testbed.localcluster.kube import wait_default_service_account
     from kubernetes import client
 
     info = external_cluster
     core = client.CoreV1Api(kube)
-    namespace = f"e2e-router-pods-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": namespace, "labels": {"flashserve.io/e2e": "true"}}})
-    wait_default_service_account(kube, namespace)
+    namespace = fresh_namespace(kube, "e2e-router-pods")
     logs = tmp_path_factory.mktemp("router-pods")
     runtime_log = logs / "runtime.log"
-    cmd = [sys.executable, "-m", "flashserve.cli", "mock-runtime", "--kubeconfig", str(info.kubeconfig),
-           "--cluster-dir", str(info.dir), "--namespace", namespace, "--startup-seconds", "2",
-           "--probe-interval", "0.5", "--restart-backoff", "2", "--file-sd", str(logs / "targets.json"),
-           "--log-dir", str(logs / "engines")]
-    with open(runtime_log, "ab") as out:
-        runtime = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    runtime = start_runtime(info, namespace, logs, "--startup-seconds", "2", "--probe-interval", "0.5",
+                            "--restart-backoff", "2", "--file-sd", str(logs / "targets.json"))
     st = Stack(namespace, core, runtime, runtime_log, logs)
     try:
         docs = [engine_pod(f"{SERVING}-e{i}", namespace) for i in range(2)]
@@ -168,12 +144,7 @@ def stack(external_cluster, kube, kubectl, tmp_path_factory):
         assert runtime.poll() is None, st.runtime_tail()
         yield st
     finally:
-        runtime.send_signal(signal.SIGTERM)
-        try:
-            runtime.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(runtime.pid, signal.SIGKILL)
-            runtime.wait(timeout=10)
+        stop_runtime(runtime)
         core.delete_namespace(namespace, propagation_policy="Background")
     pids = re.findall(rf"{namespace}/{ROUTER}-[a-z0-9-]+: engine pid (\d+) on ", runtime_log.read_text())
     left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]

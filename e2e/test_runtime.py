@@ -19,34 +19,25 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
-from flashserve_testbed.localcluster import ensure_up
 
-from e2e.support import OperatorProcess, free_port, wait_until
+from e2e.support import (
+    OperatorProcess,
+    free_port,
+    fresh_namespace,
+    start_runtime,
+    stop_runtime,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
 STARTUP = 8.0  # engine seconds to "load the weights"; the runtime runs engines in real time here
 SERVING = "flash"
-
-
-@pytest.fixture(scope="module")
-def external_cluster(cluster):
-    """The local cluster with serving pods left Not Ready for the runtime; the previous mode is put back after."""
-    info = cluster.require_pools()
-    if info.prometheus_url is None:
-        pytest.skip("the local cluster runs without Prometheus")
-    previous = info.pod_readiness
-    if previous != "external":
-        info = ensure_up(pod_readiness="external", quiet=True)
-    yield info
-    if previous != "external":
-        ensure_up(pod_readiness=previous, quiet=True)
 
 
 ENGINE_SELECTOR = "flashserve.io/serving,app.kubernetes.io/component=engine"
@@ -128,23 +119,16 @@ def stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_f
     from kubernetes import client
 
     info = external_cluster
+    if info.prometheus_url is None:
+        pytest.skip("the local cluster runs without Prometheus")
     core = client.CoreV1Api(kube)
-    namespace = f"e2e-runtime-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": namespace, "labels": {"flashserve.io/e2e": "true"}}})
-    from flashserve_testbed.localcluster.kube import wait_default_service_account
-
-    wait_default_service_account(kube, namespace)
+    namespace = fresh_namespace(kube, "e2e-runtime")
     logs = tmp_path_factory.mktemp("runtime")
     operator = OperatorProcess(info.kubeconfig, namespace, logs).start()
     port = free_port()
     runtime_log = logs / "runtime.log"
-    cmd = [sys.executable, "-m", "flashserve.cli", "mock-runtime", "--kubeconfig", str(info.kubeconfig),
-           "--cluster-dir", str(info.dir), "--namespace", namespace, "--time-scale", "1",
-           "--startup-seconds", str(STARTUP), "--status-port", str(port), "--probe-interval", "0.5",
-           "--restart-backoff", "2", "--log-dir", str(logs / "engines")]
-    with open(runtime_log, "ab") as out:
-        runtime = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    runtime = start_runtime(info, namespace, logs, "--time-scale", "1", "--startup-seconds", str(STARTUP),
+                            "--status-port", str(port), "--probe-interval", "0.5", "--restart-backoff", "2")
     st = Stack(namespace, f"http://127.0.0.1:{port}", info.prometheus_url, runtime, runtime_log, info.kubeconfig)
     try:
         operator.wait_serving()
@@ -163,12 +147,7 @@ def stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_f
             pids = [e["pid"] for e in st.engines().values() if e["pid"]]
         except OSError:
             pids = []
-        runtime.send_signal(signal.SIGTERM)
-        try:
-            runtime.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(runtime.pid, signal.SIGKILL)
-            runtime.wait(timeout=10)
+        stop_runtime(runtime)
         operator.stop()
         core.delete_namespace(namespace, propagation_policy="Background")
     # the runtime takes its engines and its Prometheus targets with it

@@ -7,19 +7,22 @@ groups leave routing, drain, and only then go (docs/drain.md).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from e2e.support import OperatorProcess, free_port, wait_until
-from e2e.test_runtime import external_cluster  # noqa: F401 - the fixture: serving pods wait for the runtime
+from e2e.support import (
+    OperatorProcess,
+    free_port,
+    fresh_namespace,
+    start_runtime,
+    stop_runtime,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -28,24 +31,15 @@ STARTUP = 3.0  # engine seconds to load: the surge and the replaced group start 
 
 
 @pytest.fixture(scope="module")
-def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_factory):  # noqa: F811
-    from flashserve_testbed.localcluster.kube import wait_default_service_account
+def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_factory):
     from kubernetes import client
 
     info = external_cluster
-    core = client.CoreV1Api(kube)
-    namespace = f"e2e-path-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": namespace, "labels": {"flashserve.io/e2e": "true"}}})
-    wait_default_service_account(kube, namespace)
+    namespace = fresh_namespace(kube, "e2e-path")
     logs = tmp_path_factory.mktemp("serving-path")
     operator = OperatorProcess(info.kubeconfig, namespace, logs).start()
-    cmd = [sys.executable, "-m", "flashserve.cli", "mock-runtime", "--kubeconfig", str(info.kubeconfig),
-           "--cluster-dir", str(info.dir), "--namespace", namespace, "--time-scale", "1",
-           "--startup-seconds", str(STARTUP), "--status-port", str(free_port()), "--probe-interval", "0.5",
-           "--log-dir", str(logs / "engines")]  # fmt: skip
-    with open(logs / "runtime.log", "ab") as out:
-        runtime = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    runtime = start_runtime(info, namespace, logs, "--time-scale", "1", "--startup-seconds", str(STARTUP),
+                            "--status-port", str(free_port()), "--probe-interval", "0.5")
     try:
         operator.wait_serving()
         cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
@@ -57,13 +51,9 @@ def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_p
         url = router_url(namespace, SERVING, timeout=90)
         yield namespace, url, logs, operator
     finally:
-        runtime.send_signal(signal.SIGTERM)
-        try:
-            runtime.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(runtime.pid, signal.SIGKILL)
+        stop_runtime(runtime)
         operator.stop()
-        core.delete_namespace(namespace, propagation_policy="Background")
+        client.CoreV1Api(kube).delete_namespace(namespace, propagation_policy="Background")
 
 
 def _dss(kubectl, namespace: str) -> dict:
