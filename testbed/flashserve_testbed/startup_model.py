@@ -126,3 +126,11 @@ class Caches:
             self.shared_filled = True
         if self.kernel_cache:
             self.warm_kernels.add(kernel_key)
+
+
+def figures_for_cold(cold_seconds: float, figures: Figures = REFERENCE) -> Figures:
+    """`figures` scaled so that a cold start (image pull, download, load from the node, compile, warm-up) takes
+    `cold_seconds`: how a calibration profile's single start-up median becomes phases of the same shape."""
+    if cold_seconds <= 0:
+        raise ValueError(f"a cold start-up of {cold_seconds} s: it must be positive")
+    return figures.scaled(cold_seconds / figures.cold_total())

@@ -73,7 +73,17 @@ def test_annotation_and_pod_env_override_runtime_defaults():
     assert launch.profile == "gb200-4gpu-demo"
     no_delay = build_launch(pod_from_sample("gb200-minimal.yaml"), node("NVIDIA-GB200"),
                             LaunchSettings(engine_bin="/b"))
-    assert "FLASHSERVE_MOCK_STARTUP_SECONDS" not in no_delay.env  # drawn by the engine from its profile
+    assert "FLASHSERVE_MOCK_STARTUP_SECONDS" not in no_delay.env  # the runtime's cache model or the profile
+    assert "PYTHONPATH" not in no_delay.env
+
+
+def test_engines_get_the_runtimes_python_path_unless_the_pod_sets_its_own():
+    settings = LaunchSettings(engine_bin="/b", python_path="/src/operator:/src/testbed")
+    assert build_launch(pod_from_sample("gb200-minimal.yaml"), node("NVIDIA-GB200"),
+                        settings).env["PYTHONPATH"] == "/src/operator:/src/testbed"
+    pod = pod_from_sample("gb200-minimal.yaml")
+    pod["spec"]["containers"][0]["env"].append({"name": "PYTHONPATH", "value": "/pod"})
+    assert build_launch(pod, node("NVIDIA-GB200"), settings).env["PYTHONPATH"] == "/pod"
 
 
 def test_ports_and_group_sizes():

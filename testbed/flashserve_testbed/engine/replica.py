@@ -9,6 +9,7 @@ passes in 1.2 ms of wall time, and every latency the metrics report is in engine
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import socket
@@ -29,6 +30,25 @@ ENV_SEED = "FLASHSERVE_MOCK_SEED"
 ENV_ROUTING = "FLASHSERVE_MOCK_DP_ROUTING"
 ENV_BIND_ANY = "FLASHSERVE_MOCK_BIND_ANY"
 ENV_TICK_MS = "FLASHSERVE_MOCK_TICK_MS"
+# The start-up by phase the mock runtime chose from the caches the pod finds (runtime/startup.py):
+# {"cacheState": "cold", "phases": {"pull": s, "download": s, "load": s, "compile": s, "warmup": s}}, engine seconds.
+ENV_PHASES = "FLASHSERVE_MOCK_STARTUP_PHASES"
+PHASE_NAMES = ("pull", "download", "load", "compile", "warmup")  # startup_model.PHASES
+
+
+def parse_phases(text: str) -> tuple[str, dict[str, float]]:
+    """(cache state, seconds per phase) of ENV_PHASES, or an error naming the variable and its form."""
+    try:
+        doc = json.loads(text)
+        phases = {str(k): float(v) for k, v in (doc.get("phases") or {}).items()}
+        state = str(doc.get("cacheState") or "")
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"{ENV_PHASES} must be JSON {{\"cacheState\": ..., \"phases\": {{\"pull\": seconds, ...}}}}, "
+                         f"got {text[:80]!r}") from None
+    unknown = sorted(set(phases) - set(PHASE_NAMES))
+    if unknown or any(v < 0 for v in phases.values()):
+        raise ValueError(f"{ENV_PHASES}: phases are {', '.join(PHASE_NAMES)} with seconds >= 0, got {phases}")
+    return state, {p: phases[p] for p in PHASE_NAMES if p in phases}
 
 
 @dataclass
@@ -36,7 +56,9 @@ class MockSettings:
     """Mock-only knobs, from FLASHSERVE_MOCK_* environment variables."""
 
     profile: str | None = None
-    startup_seconds: float | None = None  # engine seconds; None: drawn from the profile
+    startup_seconds: float | None = None  # engine seconds; None: the phases below, else drawn from the profile
+    startup_phases: dict[str, float] | None = None  # engine seconds per phase, from the runtime's cache model
+    cache_state: str = ""
     time_scale: float = 1.0
     seed: int | None = None
     dp_routing: str = "prefix"  # prefix: longest cached prefix among lightly loaded ranks; load: vLLM's score
@@ -58,6 +80,8 @@ class MockSettings:
 
         s = cls(profile=env.get(ENV_PROFILE) or None)
         s.startup_seconds = num(ENV_STARTUP)
+        if env.get(ENV_PHASES, "").strip():
+            s.cache_state, s.startup_phases = parse_phases(env[ENV_PHASES])
         scale = num(ENV_SCALE)
         if scale is not None:
             if scale <= 0:
@@ -120,8 +144,12 @@ class MockReplica:
             for i, rank in enumerate(args.engine_ranks):
                 cfg = EngineConfig(**{**self.cfg.__dict__})
                 self.engines.append((rank, Engine(p, seed=seed * 1000 + i, config=cfg)))
+        self.phases: dict[str, float] = {}  # the start-up by phase, when the runtime gave one
         if settings.startup_seconds is not None:
             self.startup_s = max(0.0, settings.startup_seconds)
+        elif settings.startup_phases is not None:
+            self.phases = dict(settings.startup_phases)
+            self.startup_s = sum(self.phases.values())
         else:
             # pods sharing a seed still load at different speeds: the draw also depends on who this pod is
             who = f"{seed}|{socket.gethostname()}|{args.host}|{args.port}|{args.engine_ranks}"

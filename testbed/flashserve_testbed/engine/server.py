@@ -315,9 +315,30 @@ async def serve(args: ServeArgs, settings: MockSettings, ready_file=None) -> Non
         f"ready in {mock.startup_s:.0f} engine-s, time scale {mock.scale:g})",
         file=sys.stderr, flush=True,
     )
+    phases = asyncio.ensure_future(announce_phases(mock)) if mock.phases else None
     if ready_file is not None:
         ready_file(port)
     try:
         await asyncio.Event().wait()
     finally:
+        if phases is not None:
+            phases.cancel()
         await runner.cleanup()
+
+
+async def announce_phases(mock: MockReplica, out=None) -> None:
+    """The start-up the runtime modelled, as the log of a real start-up would show it: the plan (one JSON line
+    a reader can parse), then a line as each phase ends, in engine seconds since the process started."""
+    out = out or sys.stderr
+    plan = {"cacheState": mock.settings.cache_state, "phases": mock.phases, "seconds": round(mock.startup_s, 3)}
+    print(f"INFO mock engine: start-up plan {json.dumps(plan, separators=(',', ':'))}", file=out, flush=True)
+    end = 0.0
+    for name, seconds in mock.phases.items():
+        if seconds <= 0:
+            print(f"INFO mock engine: start-up phase {name} skipped ({mock.settings.cache_state})", file=out,
+                  flush=True)
+            continue
+        end += seconds
+        await asyncio.sleep(max(0.0, (end - mock.vnow()) / mock.scale))
+        print(f"INFO mock engine: start-up phase {name} done, {seconds:.1f} engine-s (at {end:.1f})", file=out,
+              flush=True)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -26,13 +27,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace", help="only pods of this namespace (default: all)")
     p.add_argument("--time-scale", type=float, default=1.0, help="engine seconds per wall second (default 1)")
     p.add_argument("--startup-seconds", type=float,
-                   help="engine seconds until an engine is loaded (default: drawn from its profile, minutes); the "
-                        "pod annotation flashserve.io/startup-delay overrides it")
+                   help="engine seconds until an engine is loaded, whatever the caches (default: by phase and cache "
+                        "state, see --startup-model); the pod annotation flashserve.io/startup-delay overrides it")
+    p.add_argument("--startup-model", choices=["caches", "cold"], default="caches",
+                   help="caches (default): each start pays the phases (pull, download, load, compile, warm-up) its "
+                        "pod's caches do not remove, as earlier start-ups, prefetch and pre-pull pods filled them; "
+                        "cold: every start is one draw from the profile, as if there were no cache")
     p.add_argument("--profile", help="engine profile for every pod (default: by the node's GPU and the group size); "
                                       "a pod's own FLASHSERVE_MOCK_PROFILE still wins")
     p.add_argument("--seed", type=int, default=0, help="mixed with each pod's name into FLASHSERVE_MOCK_SEED")
     p.add_argument("--status-port", type=int,
-                   help="serve /-/engines (what runs) and /metrics (the runtime's own) on 127.0.0.1:PORT (0: free)")
+                   help="serve /-/engines (what runs, with each start-up's phases), /-/caches (what the modelled "
+                        "caches hold) and /metrics (the runtime's own) on 127.0.0.1:PORT (0: free)")
     p.add_argument("--probe-interval", type=float, default=1.0, help="wall seconds between /health probes")
     p.add_argument("--failure-threshold", type=int,
                    help="failed probes before a ready pod turns not ready (default: its readinessProbe's, else 3)")
@@ -88,11 +94,11 @@ async def amain(args) -> int:
     settings = RuntimeSettings(
         launch=LaunchSettings(engine_bin=args.engine_bin or default_engine_bin(), time_scale=args.time_scale,
                               startup_seconds=args.startup_seconds, seed=args.seed,
-                              profile=args.profile),
+                              profile=args.profile, python_path=os.environ.get("PYTHONPATH") or None),
         probe=ProbeSettings(interval=args.probe_interval, failure_threshold=args.failure_threshold,
                             backoff_base=args.restart_backoff),
         namespace=args.namespace, file_sd=file_sd, log_dir=log_dir, any_node=args.any_node,
-        api_gone_seconds=args.exit_after_api_gone,
+        api_gone_seconds=args.exit_after_api_gone, startup_model=args.startup_model,
     )
     runtime = Runtime(api, settings)
     status_server = None
@@ -105,7 +111,8 @@ async def amain(args) -> int:
         log.info("status: %s/-/engines, metrics on %s/metrics", url, url)
     log.info("mock runtime: engines from %s on their (loopback) pod IPs, time scale %g, start-up %s, Prometheus targets "
              "%s, engine logs in %s", settings.launch.engine_bin, args.time_scale,
-             f"{args.startup_seconds:g} engine-s" if args.startup_seconds is not None else "from the profile",
+             f"{args.startup_seconds:g} engine-s" if args.startup_seconds is not None
+             else f"{args.startup_model} model",
              file_sd or "off", log_dir)
     main = asyncio.ensure_future(runtime.run())
     waiters = [main]

@@ -81,7 +81,8 @@ class StartRefused(RuntimeError):
 
 class PodEngine:
     def __init__(self, pod: dict, launch: Launch, hooks: Hooks, probe: ProbeSettings, node: str = "",
-                 prepare: Callable[[], Awaitable[None]] | None = None):
+                 prepare: Callable[[], Awaitable[None]] | None = None,
+                 plan_startup: Callable[["PodEngine"], Awaitable[dict[str, str]]] | None = None):
         meta = pod["metadata"]
         self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
         labels = meta.get("labels") or {}
@@ -108,6 +109,12 @@ class PodEngine:
         self.container_id = ""
         # Run before every start (a router's guard and credentials); StartRefused fails that start.
         self.prepare = prepare
+        # Before every start of an engine whose start-up the runtime models from the caches: the variables that
+        # tell the engine its phases (what the caches hold changes between starts, so each start asks again).
+        self.plan_startup = plan_startup
+        self.startup: dict = {}  # what this start's start-up is made of, for the status server
+        self.startup_recorded = False  # this start's readiness has been reported to the caches
+        self.group_name = labels.get("flashserve.io/group-name", "")
 
     @property
     def key(self) -> str:
@@ -176,7 +183,11 @@ class PodEngine:
                 await self._patch(status.terminated(self.pod, self.launch.container, "", 1, started_at, msg))
                 failures += 1
                 continue
-            await self._spawn(restarted=failures > 0 or self._ran_before())
+            env = dict(self.launch.env)
+            if self.plan_startup is not None:
+                env.update(await self.plan_startup(self))
+            self.startup_recorded = False
+            await self._spawn(restarted=failures > 0 or self._ran_before(), env=env)
             code = await self._probe_until_exit()
             failures += 1
             self.healthy = False
@@ -193,13 +204,14 @@ class PodEngine:
         cs = status.container_status(self.pod, self.launch.container)
         return str(cs.get("containerID", "")).startswith(CONTAINER_ID_SCHEME) or "terminated" in (cs.get("state") or {})
 
-    async def _spawn(self, restarted: bool) -> None:
+    async def _spawn(self, restarted: bool, env: dict[str, str] | None = None) -> None:
         self.hooks.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             out.write(f"--- {status.now_iso()} flashserve mock-runtime: {' '.join(self.launch.argv)}\n".encode())
             out.flush()
             self.proc = await asyncio.create_subprocess_exec(
-                *self.launch.argv, env=self.launch.env, stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                *self.launch.argv, env=self.launch.env if env is None else env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
                 stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True, preexec_fn=_die_with_parent)
         self.started = time.monotonic()
         self.container_id = f"{CONTAINER_ID_SCHEME}{self.proc.pid}"

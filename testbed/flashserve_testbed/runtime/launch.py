@@ -36,6 +36,9 @@ class LaunchSettings:
     seed: int = 0
     profile: str | None = None  # one profile for every pod instead of choosing by GPU and group size
     router_bin: str | None = None  # directory whose `vllm-router` router pods run; None: engine_bin
+    # The runtime's own PYTHONPATH, handed to the engines so they run the same flashserve_testbed as the
+    # runtime (a source checkout's, not only the venv's installed copy); None: none.
+    python_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,8 @@ def build_launch(pod: dict, node: dict | None, settings: LaunchSettings) -> Laun
     }
     if startup is not None:
         env["FLASHSERVE_MOCK_STARTUP_SECONDS"] = f"{startup:g}"
+    if settings.python_path:
+        env["PYTHONPATH"] = settings.python_path
     env.update(resolved.env)  # the pod's own settings win, FLASHSERVE_MOCK_* from spec.engine.env included
     if "PATH" in resolved.env:
         env["PATH"] = f"{settings.engine_bin}{os.pathsep}{resolved.env['PATH']}"

@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -19,8 +21,18 @@ from flashserve_testbed.localcluster.loopback import NotLoopback, require_loopba
 from flashserve_testbed.runtime import credentials, filesd
 from flashserve_testbed.runtime.engine import PodEngine, ProbeSettings, StartRefused
 from flashserve_testbed.runtime.kubeapi import ApiError, KubeAPI
-from flashserve_testbed.runtime.launch import LaunchSettings, build_launch, build_router_launch, is_router_pod
+from flashserve_testbed.runtime import startup
+from flashserve_testbed.runtime.launch import (
+    GPU_PRODUCT_LABEL,
+    LaunchSettings,
+    build_launch,
+    build_router_launch,
+    choose_profile,
+    engine_container,
+    is_router_pod,
+)
 from flashserve_testbed.runtime.podenv import EnvError
+from flashserve_testbed.startup_model import WEIGHTS_HUB, Figures, figures_for_cold
 
 log = logging.getLogger("flashserve_testbed.runtime")
 
@@ -39,6 +51,10 @@ class RuntimeSettings:
     api_gone_seconds: float = 120.0  # give up (and stop every engine) when the API server is gone this long
     credentials_dir: Path | None = None  # router pods' kubeconfigs; None: <log_dir>/../credentials
     guard_interval: float = 5.0  # wall seconds between loopback checks while router pods run
+    # caches: each engine start pays the phases of the cache state its pod finds (runtime/startup.py); cold:
+    # every start is one draw from the profile, as if no cache existed (the runtime's behaviour before).
+    # An explicit start-up (--startup-seconds, the pod annotation or variable) overrides both.
+    startup_model: str = startup.MODEL_CACHES
 
 
 def runnable(pod: dict, node: dict | None, any_node: bool = False) -> bool:
@@ -68,6 +84,14 @@ class Runtime:
         self._targets_dirty = False
         self._closed = False  # after shutdown the target file stays deleted
         self._last_api_ok = time.monotonic()
+        if settings.startup_model not in startup.STARTUP_MODELS:
+            raise ValueError(f"startup_model {settings.startup_model!r}: choose one of "
+                             f"{', '.join(startup.STARTUP_MODELS)}")
+        self.caches = startup.ClusterCaches()
+        self.cache_use: dict[str, tuple[startup.PodCaches, str]] = {}  # by engine pod uid: its caches, weights scope
+        self.claim_scopes: dict[str, str] = {}  # namespace/claim -> weights scope, read once per claim
+        self.startup_pods: dict[str, asyncio.TimerHandle | None] = {}  # prefetch/pre-pull pod uid -> its fill timer
+        self._startup_watch: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ hooks for PodEngine
     async def patch(self, namespace: str, name: str, body: dict) -> dict | None:
@@ -81,7 +105,135 @@ class Runtime:
         return None
 
     def changed(self, engine: PodEngine) -> None:
+        if engine.healthy and not engine.startup_recorded and engine.uid in self.cache_use \
+                and engine.startup.get("model") == startup.MODEL_CACHES:
+            engine.startup_recorded = True
+            pc, scope = self.cache_use[engine.uid]
+            self.caches.started(pc, scope, [engine.node])
+            log.info("%s/%s: ready; node %s now holds %s", engine.namespace, engine.name, engine.node,
+                     ", ".join(filter(None, ["the image", pc.weights_claim and f"the weights ({scope})",
+                                             pc.kernel_claim and "its kernels"])))
         self._write_targets_soon()
+
+    # ------------------------------------------------------------------ start-up by cache state
+    def _figures(self, profile_name: str) -> tuple[Figures, float]:
+        """The model's phases scaled to the profile: its start-up median is a cold start (docs/startup.md)."""
+        from flashserve_testbed.engine import profile
+
+        try:
+            p = profile.load(profile_name or None)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("profile %r: %s; using the default profile's start-up", profile_name, e)
+            p = profile.load(None)
+        return figures_for_cold(p.startup.median), p.startup.sigma
+
+    async def _claim_scope(self, namespace: str, claim: str) -> str:
+        key = f"{namespace}/{claim}"
+        if key not in self.claim_scopes:
+            try:
+                pvc = await self.api.get(f"/api/v1/namespaces/{quote(namespace)}/persistentvolumeclaims/{quote(claim)}")
+            except ApiError as e:
+                if e.status != 404:
+                    log.warning("claim %s: %s; counting it as NodeLocal", key, e)
+                    return startup.claim_scope(None)
+                pvc = None
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                log.warning("claim %s: %r; counting it as NodeLocal", key, e)
+                return startup.claim_scope(None)
+            self.claim_scopes[key] = startup.claim_scope(pvc)
+        return self.claim_scopes[key]
+
+    def _group_nodes(self, engine: PodEngine) -> list[str]:
+        """The nodes of the engine's replica group the runtime runs so far: a group is as slow as its slowest."""
+        nodes = {engine.node}
+        if engine.group_name:
+            nodes |= {e.node for e in self.engines.values() if e.namespace == engine.namespace
+                      and e.group_name == engine.group_name and e.launch.kind == "engine"}
+        return sorted(n for n in nodes if n)
+
+    async def _plan_startup(self, engine: PodEngine) -> dict[str, str]:
+        pc, _ = self.cache_use[engine.uid]
+        scope = await self._claim_scope(pc.namespace, pc.weights_claim) if pc.weights_claim else WEIGHTS_HUB
+        self.cache_use[engine.uid] = (pc, scope)
+        nodes = self._group_nodes(engine)
+        figures, sigma = self._figures(engine.launch.profile)
+        rng = random.Random(f"{engine.launch.env.get('FLASHSERVE_MOCK_SEED', '')}|{engine.restarts}|{engine.uid}")
+        plan = startup.plan(self.caches.state(pc, scope, nodes), figures, rng, sigma, tuple(nodes))
+        engine.startup = plan.as_dict()
+        log.info("%s/%s: start-up %s on %s: %s = %.1f engine-s", engine.namespace, engine.name, plan.cache_state,
+                 ",".join(nodes), " + ".join(f"{p} {plan.phases[p]:.1f}" for p in plan.paid) or "nothing",
+                 plan.seconds)
+        return {startup.ENV_PHASES: plan.env_value()}
+
+    def _ensure_startup_watch(self) -> None:
+        if self._startup_watch is None and not self._closed:
+            self._startup_watch = asyncio.get_running_loop().create_task(self.watch_startup_pods())
+
+    async def watch_startup_pods(self) -> None:
+        """The operator's prefetch and pre-pull pods (flashserve.io/startup-of). KWOK runs them as Running at
+        once, without their init containers: each fills its node (or, a Job's, the shared claim) once it has
+        been running for the download (or pull) time of its node's profile, counted from status.startTime."""
+        params = {"labelSelector": startup.OWNER_LABEL}
+        delay = 1.0
+        while True:
+            try:
+                listing = await self.api.get(self._pods_path(), params)
+                for pod in listing.get("items") or []:
+                    await self._on_startup_pod(pod)
+                rv = listing["metadata"]["resourceVersion"]
+                while True:
+                    async for event in self.api.watch(self._pods_path(), {**params, "resourceVersion": rv}):
+                        kind, obj = event.get("type"), event.get("object") or {}
+                        if kind == "ERROR":
+                            raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
+                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        if kind in ("ADDED", "MODIFIED", "DELETED"):
+                            await self._on_startup_pod(obj, deleted=kind == "DELETED")
+                    delay = 1.0
+            except asyncio.CancelledError:
+                raise
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError) as e:
+                if not (isinstance(e, ApiError) and e.status == 410):
+                    log.warning("start-up pod watch: %s; relisting in %.0fs", e, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(30.0, delay * 2)
+
+    async def _on_startup_pod(self, pod: dict, deleted: bool = False) -> None:
+        meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        uid, role = meta.get("uid", ""), startup.startup_pod_role(pod)
+        if deleted:
+            handle = self.startup_pods.pop(uid, None)
+            if handle is not None:
+                handle.cancel()  # gone before its copy was complete; a finished copy stays on the disk
+            return
+        node_name = spec.get("nodeName")
+        if role is None or uid in self.startup_pods or not node_name or st.get("phase") not in ("Running", "Succeeded"):
+            return
+        node = await self._node(node_name)
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        figures, _ = self._figures(self.settings.launch.profile or choose_profile(labels.get(GPU_PRODUCT_LABEL), 1))
+        seconds = figures.download if role == startup.PREFETCH_COMPONENT else figures.pull
+        began = _epoch(st.get("startTime")) or time.time()
+        wait = max(0.0, began + seconds / self.time_scale - time.time())
+        self.startup_pods[uid] = asyncio.get_running_loop().call_later(wait, self._startup_pod_done, pod, role)
+
+    def _startup_pod_done(self, pod: dict, role: str) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        self.startup_pods[meta["uid"]] = None
+        if role == startup.PREFETCH_COMPONENT:
+            claim = startup.claim_of(pod, startup.WEIGHTS_VOLUME)
+            if claim:
+                node = startup.prefetch_node(pod)
+                self.caches.prefetched(meta.get("namespace", "default"), claim, node)
+                log.info("%s/%s: prefetch done: claim %s filled %s", meta.get("namespace"), meta["name"], claim,
+                         f"on node {node}" if node else "(shared)")
+        else:
+            pulls = ([c for c in spec.get("initContainers") or [] if c.get("name") == "pull"]
+                     or spec.get("containers") or [])
+            if pulls:
+                self.caches.pulled(str(pulls[0].get("image", "")), spec["nodeName"])
+                log.info("%s/%s: pre-pull done: %s on node %s", meta.get("namespace"), meta["name"],
+                         pulls[0].get("image"), spec["nodeName"])
 
     # ------------------------------------------------------------------ Prometheus targets
     def _write_targets_soon(self) -> None:
@@ -138,6 +290,7 @@ class Runtime:
         """Stop in the background, so one slow engine does not hold up the watch; a pod recreated under the
         same name waits for it, since it may be given the same address."""
         self.engines.pop(engine.key, None)
+        self.cache_use.pop(engine.key, None)
         name = (engine.namespace, engine.name)
         task = asyncio.get_running_loop().create_task(engine.stop())
         self.stopping[name] = task
@@ -204,6 +357,7 @@ class Runtime:
                 prepare = self._router_prepare(pod, path)
             else:
                 launch = build_launch(pod, node, self.settings.launch)
+                container = engine_container(pod)
         except (EnvError, ValueError) as e:
             if meta["uid"] not in self.skipped:
                 self.skipped.add(meta["uid"])
@@ -211,7 +365,19 @@ class Runtime:
             return
         for note in launch.notes:
             log.warning("%s/%s: %s", meta["namespace"], meta["name"], note)
-        engine = PodEngine(pod, launch, self, self.settings.probe, node=node["metadata"]["name"], prepare=prepare)
+        plan_startup = None
+        if launch.kind == "engine":
+            override = launch.env.get("FLASHSERVE_MOCK_STARTUP_SECONDS")
+            if override is None and self.settings.startup_model == startup.MODEL_CACHES:
+                self.cache_use[meta["uid"]] = (startup.pod_caches(pod, container, launch.env), WEIGHTS_HUB)
+                plan_startup = self._plan_startup
+                self._ensure_startup_watch()
+        engine = PodEngine(pod, launch, self, self.settings.probe, node=node["metadata"]["name"], prepare=prepare,
+                           plan_startup=plan_startup)
+        if launch.kind == "engine" and plan_startup is None:
+            override = launch.env.get("FLASHSERVE_MOCK_STARTUP_SECONDS")
+            engine.startup = ({"model": "override", "seconds": float(override)} if override is not None
+                              else {"model": startup.MODEL_COLD})
         self.engines[engine.key] = engine
         engine.start(after=self.stopping.get((engine.namespace, engine.name)))
 
@@ -269,6 +435,11 @@ class Runtime:
                 await self.watch_pods()
             finally:
                 guard.cancel()
+                if self._startup_watch is not None:
+                    self._startup_watch.cancel()
+                for handle in self.startup_pods.values():
+                    if handle is not None:
+                        handle.cancel()
                 await self.shutdown()
 
     async def shutdown(self) -> None:
@@ -284,3 +455,13 @@ class Runtime:
                 self.settings.file_sd.unlink()
             except OSError:
                 pass
+
+
+def _epoch(stamp: str | None) -> float | None:
+    """RFC 3339 time of the API server as epoch seconds; None when absent or unreadable."""
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

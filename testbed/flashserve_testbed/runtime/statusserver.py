@@ -13,7 +13,7 @@ def engines_state(runtime) -> list[dict]:
     return [{"namespace": e.namespace, "pod": e.name, "uid": e.uid, "serving": e.serving, "group": e.group,
              "kind": e.launch.kind, "node": e.node, "url": e.launch.url, "profile": e.launch.profile, "pid": e.pid,
              "state": e.state, "ready": e.healthy, "restarts": e.restarts, "ready_after_s": e.ready_after,
-             "log": str(e.log_path)}
+             "log": str(e.log_path), "startup": e.startup}
             for e in runtime.engines.values()]
 
 
@@ -24,11 +24,16 @@ class StatusServer:
         self.registry.register(RuntimeCollector(runtime))
         self.app = web.Application()
         self.app.router.add_get("/-/engines", self._engines)
+        self.app.router.add_get("/-/caches", self._caches)
         self.app.router.add_get("/metrics", self._metrics)
         self._runner: web.AppRunner | None = None
 
     async def _engines(self, request: web.Request) -> web.Response:
         return web.json_response({"engines": engines_state(self.runtime)})
+
+    async def _caches(self, request: web.Request) -> web.Response:
+        """What the modelled caches hold: weights per claim and node, warm kernel directories, images per node."""
+        return web.json_response(self.runtime.caches.as_dict())
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": "text/plain; version=0.0.4"})
