@@ -431,6 +431,9 @@ class Runtime:
             self.http = http
             self._write_targets()
             guard = asyncio.ensure_future(self.guard_loop())
+            if self.settings.startup_model == startup.MODEL_CACHES and self.settings.launch.startup_seconds is None:
+                # from the start: a pool is often pre-warmed (prefetch, pre-pull) before any replica is placed
+                self._ensure_startup_watch()
             try:
                 await self.watch_pods()
             finally:
