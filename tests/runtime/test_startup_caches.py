@@ -103,6 +103,17 @@ def test_kernels_are_warm_after_the_first_ready_start_of_a_layout_only():
     assert caches.state(other_layout, WEIGHTS_NODE, ["n0"]).label == "weights-cached"
 
 
+def test_a_kernel_claim_on_a_nodes_own_volume_is_warm_on_that_node_only():
+    pc = caches_of("gb200-startup-caches.yaml")
+    caches = startup.ClusterCaches()
+    caches.started(pc, WEIGHTS_NODE, ["n0"], kernel_scope=WEIGHTS_NODE)
+    assert caches.state(pc, WEIGHTS_NODE, ["n0"], kernel_scope=WEIGHTS_NODE).kernels_warm
+    assert not caches.state(pc, WEIGHTS_NODE, ["n1"], kernel_scope=WEIGHTS_NODE).kernels_warm
+    assert not caches.state(pc, WEIGHTS_NODE, ["n0", "n1"], kernel_scope=WEIGHTS_NODE).kernels_warm
+    caches.started(pc, WEIGHTS_NODE, ["n1"], kernel_scope=WEIGHTS_NODE)
+    assert caches.state(pc, WEIGHTS_NODE, ["n0", "n1"], kernel_scope=WEIGHTS_NODE).label == "warm"
+
+
 def test_a_shared_claim_is_filled_once_for_every_node():
     pc = caches_of("gb200-startup-caches.yaml")
     caches = startup.ClusterCaches()
@@ -268,7 +279,7 @@ def test_the_runtime_gives_the_second_pod_on_a_node_no_download_and_fills_prefet
             assert b.startup["seconds"] < a.startup["seconds"] / 2
             # both pay the same process start; the first also ~2 s more of modelled phases at 10x
             assert b.ready_after < a.ready_after - 1.0
-            assert api.claims_read == ["deepseek-weights"]  # the claim's scope is read once
+            assert api.claims_read == ["deepseek-weights", "deepseek-kernels"]  # each claim's scope, once
             log = a.log_path.read_text()
             assert "start-up phase download done" in log and "start-up plan {" in log
             plan = json.loads(log.split("start-up plan ", 1)[1].splitlines()[0])
@@ -300,3 +311,20 @@ def test_an_explicit_start_up_and_the_cold_model_leave_the_caches_out(tmp_path):
                                   else {"model": "cold"})
     with pytest.raises(ValueError, match="startup_model 'warm'"):
         Runtime(FakeAPI([], []), RuntimeSettings(launch=SETTINGS, startup_model="warm"))
+
+
+def test_a_group_spanning_nodes_is_planned_on_the_nodes_of_its_pods_the_runtime_runs():
+    from types import SimpleNamespace
+
+    runtime = Runtime(FakeAPI([], []), RuntimeSettings(launch=SETTINGS))
+
+    def engine(uid, node_name, group, ns="demo", kind="engine"):
+        return SimpleNamespace(uid=uid, node=node_name, group_name=group, namespace=ns,
+                               launch=SimpleNamespace(kind=kind))
+
+    leader = engine("a", "n0", "flash-g0")
+    runtime.engines = {"a": leader, "b": engine("b", "n1", "flash-g0"), "c": engine("c", "n2", "flash-g1"),
+                       "d": engine("d", "n3", "flash-g0", ns="other"),
+                       "r": engine("r", "n4", "flash-g0", kind="router")}
+    assert runtime._group_nodes(leader) == ["n0", "n1"]
+    assert runtime._group_nodes(engine("x", "n5", "")) == ["n5"]  # no group label: its own node

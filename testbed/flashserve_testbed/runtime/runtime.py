@@ -32,7 +32,7 @@ from flashserve_testbed.runtime.launch import (
     is_router_pod,
 )
 from flashserve_testbed.runtime.podenv import EnvError
-from flashserve_testbed.startup_model import WEIGHTS_HUB, Figures, figures_for_cold
+from flashserve_testbed.startup_model import WEIGHTS_HUB, WEIGHTS_SHARED, Figures, figures_for_cold
 
 log = logging.getLogger("flashserve_testbed.runtime")
 
@@ -88,8 +88,9 @@ class Runtime:
             raise ValueError(f"startup_model {settings.startup_model!r}: choose one of "
                              f"{', '.join(startup.STARTUP_MODELS)}")
         self.caches = startup.ClusterCaches()
-        self.cache_use: dict[str, tuple[startup.PodCaches, str]] = {}  # by engine pod uid: its caches, weights scope
-        self.claim_scopes: dict[str, str] = {}  # namespace/claim -> weights scope, read once per claim
+        # by engine pod uid: its caches, the weights and the kernel claim's scopes
+        self.cache_use: dict[str, tuple[startup.PodCaches, str, str]] = {}
+        self.claim_scopes: dict[str, str] = {}  # namespace/claim -> scope, read once per claim
         self.startup_pods: dict[str, asyncio.TimerHandle | None] = {}  # prefetch/pre-pull pod uid -> its fill timer
         self._startup_watch: asyncio.Task | None = None
 
@@ -108,8 +109,8 @@ class Runtime:
         if engine.healthy and not engine.startup_recorded and engine.uid in self.cache_use \
                 and engine.startup.get("model") == startup.MODEL_CACHES:
             engine.startup_recorded = True
-            pc, scope = self.cache_use[engine.uid]
-            self.caches.started(pc, scope, [engine.node])
+            pc, scope, kernel_scope = self.cache_use[engine.uid]
+            self.caches.started(pc, scope, [engine.node], kernel_scope)
             log.info("%s/%s: ready; node %s now holds %s", engine.namespace, engine.name, engine.node,
                      ", ".join(filter(None, ["the image", pc.weights_claim and f"the weights ({scope})",
                                              pc.kernel_claim and "its kernels"])))
@@ -152,13 +153,14 @@ class Runtime:
         return sorted(n for n in nodes if n)
 
     async def _plan_startup(self, engine: PodEngine) -> dict[str, str]:
-        pc, _ = self.cache_use[engine.uid]
+        pc = self.cache_use[engine.uid][0]
         scope = await self._claim_scope(pc.namespace, pc.weights_claim) if pc.weights_claim else WEIGHTS_HUB
-        self.cache_use[engine.uid] = (pc, scope)
+        kernel_scope = await self._claim_scope(pc.namespace, pc.kernel_claim) if pc.kernel_claim else WEIGHTS_SHARED
+        self.cache_use[engine.uid] = (pc, scope, kernel_scope)
         nodes = self._group_nodes(engine)
         figures, sigma = self._figures(engine.launch.profile)
         rng = random.Random(f"{engine.launch.env.get('FLASHSERVE_MOCK_SEED', '')}|{engine.restarts}|{engine.uid}")
-        plan = startup.plan(self.caches.state(pc, scope, nodes), figures, rng, sigma, tuple(nodes))
+        plan = startup.plan(self.caches.state(pc, scope, nodes, kernel_scope), figures, rng, sigma, tuple(nodes))
         engine.startup = plan.as_dict()
         log.info("%s/%s: start-up %s on %s: %s = %.1f engine-s", engine.namespace, engine.name, plan.cache_state,
                  ",".join(nodes), " + ".join(f"{p} {plan.phases[p]:.1f}" for p in plan.paid) or "nothing",
@@ -369,7 +371,8 @@ class Runtime:
         if launch.kind == "engine":
             override = launch.env.get("FLASHSERVE_MOCK_STARTUP_SECONDS")
             if override is None and self.settings.startup_model == startup.MODEL_CACHES:
-                self.cache_use[meta["uid"]] = (startup.pod_caches(pod, container, launch.env), WEIGHTS_HUB)
+                self.cache_use[meta["uid"]] = (startup.pod_caches(pod, container, launch.env), WEIGHTS_HUB,
+                                               WEIGHTS_SHARED)
                 plan_startup = self._plan_startup
                 self._ensure_startup_watch()
         engine = PodEngine(pod, launch, self, self.settings.probe, node=node["metadata"]["name"], prepare=prepare,

@@ -79,9 +79,9 @@ def pod_caches(pod: dict, container: dict, env: dict[str, str]) -> PodCaches:
 
 
 def claim_scope(pvc: dict | None) -> str:
-    """How a weights claim is shared: a ReadWriteMany (or ReadOnlyMany) claim is one copy for every node
+    """How a cache claim is shared: a ReadWriteMany (or ReadOnlyMany) claim is one copy for every node
     (spec.startup.weightsCache Shared); anything else, a `local` PersistentVolume above all, is a copy per node
-    (NodeLocal). An unreadable claim counts as NodeLocal, the operator's default scope."""
+    (NodeLocal). An unreadable claim counts as NodeLocal, the weights cache's default scope."""
     modes = set(((pvc or {}).get("spec") or {}).get("accessModes") or [])
     return WEIGHTS_SHARED if modes & {"ReadWriteMany", "ReadOnlyMany"} else WEIGHTS_NODE
 
@@ -152,25 +152,37 @@ class ClusterCaches:
         caches.weights = scope
         return caches
 
-    def state(self, pc: PodCaches, scope: str, nodes: list[str]) -> CacheState:
-        """What a group of `pc` pods on `nodes` finds; `scope` is its weights claim's (claim_scope)."""
+    @staticmethod
+    def _kernel_keys(pc: PodCaches, kernel_scope: str, nodes: list[str]) -> list[str]:
+        """A kernel claim on ReadWriteMany storage is one cache for every node; on a node's own volume, each
+        node has its own copy of the layout's directory."""
+        if pc.kernel_key is None:
+            return []
+        if kernel_scope == WEIGHTS_NODE:
+            return [f"{pc.kernel_key}@{n}" for n in nodes]
+        return [pc.kernel_key]
+
+    def state(self, pc: PodCaches, scope: str, nodes: list[str], kernel_scope: str = WEIGHTS_SHARED) -> CacheState:
+        """What a group of `pc` pods on `nodes` finds; `scope` and `kernel_scope` are its weights and kernel
+        claims' (claim_scope)."""
         if pc.weights_key is None:
             weights, filled = WEIGHTS_HUB, False
         else:
             w = self._claim(pc.weights_key, scope).state(nodes, "")
             weights, filled = w.weights, w.weights_filled
-        kernels = pc.kernel_key is not None and self.kernels.state(nodes, pc.kernel_key).kernels_warm
+        keys = self._kernel_keys(pc, kernel_scope, nodes)
+        kernels = bool(keys) and all(self.kernels.state(nodes, k).kernels_warm for k in keys)
         on = self.images.get(pc.image, set())
         image = bool(nodes) and all(n in on for n in nodes)
         return CacheState(weights, filled, kernels, image)
 
-    def started(self, pc: PodCaches, scope: str, nodes: list[str]) -> None:
+    def started(self, pc: PodCaches, scope: str, nodes: list[str], kernel_scope: str = WEIGHTS_SHARED) -> None:
         """Pods of `pc` became ready on `nodes`: the weights they read stay on the nodes (or the claim), their
         kernels in the kernel cache, and the image on the nodes."""
         if pc.weights_key is not None:
             self._claim(pc.weights_key, scope).started(nodes, "")
-        if pc.kernel_key is not None:
-            self.kernels.started(nodes, pc.kernel_key)
+        for key in self._kernel_keys(pc, kernel_scope, nodes):
+            self.kernels.started(nodes, key)
         self.images.setdefault(pc.image, set()).update(nodes)
 
     def prefetched(self, namespace: str, claim: str, node: str | None) -> None:
