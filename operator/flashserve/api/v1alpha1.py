@@ -730,7 +730,7 @@ class DeepSeekServingStatus(_Model):
     last_drains: list[EndedDrain] | None = Field(None, max_length=MAX_GROUPS + 1)
     """The drains that ended at the most recent reconcile that ended any, and what ended each."""
     startup: StartupStatus | None = None
-    """Start-ups of replica groups, measured per phase from the API's own timestamps (written only when one
+    """Start-ups of replica groups, per phase, from the API's own timestamps (written only when one
     completes)."""
     conditions: list[Condition] | None = Field(None, max_length=MAX_LIST)
 
