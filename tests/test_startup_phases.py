@@ -41,6 +41,11 @@ def children(spec: dict) -> dict[tuple[str, str], dict]:
     return {(o["kind"], o["metadata"]["name"]): o for o in render(cr(copy.deepcopy(spec)))}
 
 
+def child(spec: dict, kind: str, suffix: str = "") -> dict:
+    """The rendered child of `kind` whose name ends in `suffix`."""
+    return next(o for (k, n), o in children(spec).items() if k == kind and n.endswith(suffix))
+
+
 def live(obj: dict, created: float | None, uid: str | None = None) -> dict:
     """A rendered object as the API server holds it: with a uid and (unless None) its creation time."""
     out = slim(copy.deepcopy(obj))
@@ -58,9 +63,12 @@ def pod(owner: dict, name: str, node: str | None, scheduled: float | None = None
                    "lastTransitionTime": iso_at(T0)}]  # fmt: skip
     if scheduled is not None:
         conditions = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": iso_at(T0 + scheduled)}]
+    since = ready if ready is not None else scheduled or 0
     conditions.append({"type": "Ready", "status": "True" if ready is not None else "False",
-                       "lastTransitionTime": iso_at(T0 + (ready if ready is not None else scheduled or 0))})  # fmt: skip
-    state = {"running": {"startedAt": iso_at(T0 + started)}} if started is not None else {"waiting": {"reason": "ContainerCreating"}}
+                       "lastTransitionTime": iso_at(T0 + since)})  # fmt: skip
+    state = {"waiting": {"reason": "ContainerCreating"}}
+    if started is not None:
+        state = {"running": {"startedAt": iso_at(T0 + started)}}
     return {
         "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}-{restarts}",
                      "labels": dict(tpl["metadata"]["labels"]),
@@ -74,14 +82,13 @@ def pod(owner: dict, name: str, node: str | None, scheduled: float | None = None
 
 def group(spec: dict, g: int, created: float, times: list[tuple], uid: str | None = None) -> tuple[dict, list]:
     """StatefulSet of group `g` and its pods: times[k] = (node, scheduled, started, ready) of pod k."""
-    sts = next(o for (k, _), o in children(spec).items() if k == "StatefulSet" and o["metadata"]["name"].endswith(f"-g{g}"))
-    sts = live(sts, created, uid)
+    sts = live(child(spec, "StatefulSet", f"-g{g}"), created, uid)
     return sts, [pod_view(pod(sts, f"{sts['metadata']['name']}-{k}", *t)) for k, t in enumerate(times)]
 
 
 def prefetch(spec: dict, ready_on: dict[str, float | None]) -> tuple[dict, list]:
     """The prefetch DaemonSet and its pod on each node: Ready at the time given (None: still downloading)."""
-    ds = live(next(o for (k, _), o in children(spec).items() if k == "DaemonSet" and "prefetch" in o["metadata"]["name"]), 0)
+    ds = live(child(spec, "DaemonSet", "-prefetch"), 0)
     pods = [pod_view(pod(ds, f"{ds['metadata']['name']}-{n}", n, 1, 2 if t is not None else None, t, container="pause"))
             for n, t in ready_on.items()]  # fmt: skip
     return ds, pods
@@ -181,15 +188,16 @@ def test_node_local_weights_are_cached_when_the_prefetch_pod_of_every_node_was_r
     assert one_group(spec, {"n1": 50, "n2": None}).new[0].cache_state == "cold", "n2 still downloading"
     assert one_group(spec, {"n1": 50}).new[0].cache_state == "cold", "no prefetch pod on n2"
     assert one_group(spec, {"n1": 50, "n3": 50}).new[0].cache_state == "cold", "prefetched on another node"
-    no_prefetch = {**TWO_NODES, "startup": {**NODE_LOCAL, "weightsCache": {**NODE_LOCAL["weightsCache"], "prefetch": False}}}
+    no_prefetch = copy.deepcopy(spec)
+    no_prefetch["startup"]["weightsCache"]["prefetch"] = False
     assert one_group(no_prefetch).new[0].cache_state == "cold", "nothing tells when a copy is complete"
 
 
 def job(spec: dict, done: float | None) -> dict:
-    j = live(next(o for (k, _), o in children(spec).items() if k == "Job"), 0)
+    j = live(child(spec, "Job"), 0)
     if done is not None:
-        j["status"] = {"completionTime": iso_at(T0 + done),
-                       "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": iso_at(T0 + done)}]}  # fmt: skip
+        complete = {"type": "Complete", "status": "True", "lastTransitionTime": iso_at(T0 + done)}
+        j["status"] = {"completionTime": iso_at(T0 + done), "conditions": [complete]}
     return j
 
 
@@ -214,18 +222,21 @@ def test_kernels_are_warm_for_a_group_whose_engines_started_after_an_earlier_gro
     ds, ppods = prefetch(spec, {f"n{i}": 10 for i in range(1, 7)})
     g0 = group(spec, 0, 100, [("n1", 110, 150, 400), ("n2", 112, 151, 420)])
     g1 = group(spec, 1, 300, [("n3", 310, 430, 600), ("n4", 312, 431, 610)])  # started after g0 was ready
-    s = sp.step("flash", spec_of(spec), observed(g0, g1, daemonsets=[ds], startup_pods=ppods), None, set(), set(), T0 + 700)
+    s = sp.step("flash", spec_of(spec), observed(g0, g1, daemonsets=[ds], startup_pods=ppods), None, set(), set(),
+                T0 + 700)
     assert [(r.group, r.cache_state) for r in s.new] == [(0, "weights-cached"), (1, "warm")]
     key = sp.kernel_cache_key(g0[0])
     assert s.status["warmKernelCaches"] == [{"key": key, "since": iso_at(T0 + 420)}]
     # Engines that started before the first group had filled the kernel cache compiled their own.
     early = group(spec, 1, 300, [("n3", 310, 330, 600), ("n4", 312, 419, 610)])
-    s = sp.step("flash", spec_of(spec), observed(g0, early, daemonsets=[ds], startup_pods=ppods), None, set(), set(), T0 + 700)
+    s = sp.step("flash", spec_of(spec), observed(g0, early, daemonsets=[ds], startup_pods=ppods), None, set(),
+                set(), T0 + 700)
     assert [r.cache_state for r in s.new] == ["weights-cached", "weights-cached"]
     # Remembered in status: after an operator restart, a later group starts warm.
     g2 = group(spec, 0, 5000, [("n5", 5010, 5050, 5300), ("n6", 5012, 5051, 5320)], uid="uid-g0-again")
     fresh = sp.StartupTracker()
-    later = fresh.step(NS, "flash", spec_of(spec), observed(g2, daemonsets=[ds], startup_pods=ppods), s.status, T0 + 5400)
+    later = fresh.step(NS, "flash", spec_of(spec), observed(g2, daemonsets=[ds], startup_pods=ppods), s.status,
+                       T0 + 5400)
     assert [r.cache_state for r in later.new] == ["warm"]
     # Warm kernels without cached weights: the download dominates, the start-up is cold.
     cold = sp.step("flash", spec_of(spec), observed(g2), s.status, set(), set(), T0 + 5400)
@@ -236,8 +247,8 @@ def test_kernels_are_warm_for_a_group_whose_engines_started_after_an_earlier_gro
 
 
 def many(n: int, spec: dict = TWO_NODES) -> Observed:
-    groups = [group({**spec, "replicas": n}, g, 10 * g, [("a", 10 * g + 1, 10 * g + 2, 10 * g + 100 + g)] * 2) for g in range(n)]
-    return observed(*groups)
+    times = [[("a", 10 * g + 1, 10 * g + 2, 10 * g + 100 + g)] * 2 for g in range(n)]
+    return observed(*(group({**spec, "replicas": n}, g, 10 * g, times[g]) for g in range(n)))
 
 
 def test_status_lists_the_last_start_ups_newest_last_bounded_and_valid_for_the_typed_status():

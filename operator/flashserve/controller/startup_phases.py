@@ -95,6 +95,17 @@ def group_pods(sts: dict, pods: list[PodView]) -> list[PodView]:
             and (p.owner_uid == uid if p.owner_uid else statefulset_of(p.name) == name)]  # fmt: skip
 
 
+def pods_by_statefulset(mine: Observed) -> dict[str, list[PodView]]:
+    """Each StatefulSet's live pods, found in one pass (a serving may hold thousands of pods)."""
+    name_of = {(_meta(s).get("uid") or ""): n for n, s in mine.statefulsets.items()}
+    out: dict[str, list[PodView]] = {n: [] for n in mine.statefulsets}
+    for p in mine.pods:
+        name = name_of.get(p.owner_uid) if p.owner_uid else statefulset_of(p.name)
+        if name in out and not p.terminating:
+            out[name].append(p)
+    return out
+
+
 def _latest(times: list[float | None], want: int) -> float | None:
     """The latest of `want` times, or None while fewer than `want` are known."""
     known = [t for t in times if t is not None]
@@ -269,22 +280,23 @@ def step(serving: str, spec: DeepSeekServingSpec, mine: Observed, startup_status
     """The start-ups of a serving's groups as observed now, against what was recorded and warned of before."""
     out = Step()
     warm = warm_kernel_caches(startup_status)
-    found: list[tuple[GroupStartup, dict]] = []
-    for sts in mine.statefulsets.values():
-        record = startup_of(sts, mine.pods)
+    found: list[tuple[GroupStartup, dict, list[PodView]]] = []
+    pods = pods_by_statefulset(mine)
+    for name, sts in mine.statefulsets.items():
+        record = startup_of(sts, pods[name])
         if record is None:
             continue
-        found.append((record, sts))
+        found.append((record, sts, pods[name]))
         budget = probe_budget(sts)
         elapsed = (record.ready if record.ready is not None else now) - record.created
         if budget is not None and elapsed > budget and record.uid not in warned and record.uid not in recorded:
             out.slow.append(Slow(record.group, record.statefulset, record.uid, elapsed, budget, record.complete))
     # Oldest first, so that an earlier group's kernels count as warm for a later one recorded at the same time.
-    for record, sts in sorted(found, key=lambda f: (f[0].ready or 0.0, f[0].group)):
+    for record, sts, group in sorted(found, key=lambda f: (f[0].ready or 0.0, f[0].group)):
         if not record.complete or record.uid in recorded:
             continue
         key = kernel_cache_key(sts)
-        state = label(weights_filled(serving, spec, sts, mine.pods, mine), kernels_warm(record, key, warm))
+        state = label(weights_filled(serving, spec, sts, group, mine), kernels_warm(record, key, warm))
         record = replace(record, cache_state=state)
         out.new.append(record)
         if key is not None and key not in warm:
@@ -313,7 +325,8 @@ class StartupTracker:
              startup_status: dict | None, now: float) -> Step:  # fmt: skip
         key = (namespace, serving)
         if key not in self._recorded:  # first look since the operator started: what its status lists is done
-            records = [r for s in mine.statefulsets.values() if (r := startup_of(s, mine.pods)) is not None]
+            pods = pods_by_statefulset(mine)
+            records = [r for n, s in mine.statefulsets.items() if (r := startup_of(s, pods[n])) is not None]
             self._recorded[key] = recorded_uids(startup_status, records)
         return step(serving, spec, mine, startup_status, self._recorded[key], self._warned.get(key, set()), now)
 
