@@ -20,7 +20,7 @@ from flashserve.controller import startup_phases as sp
 from flashserve.controller.metrics import _ControllerCollector
 from flashserve.controller.observe import Observed, pod_view, slim
 from flashserve.facts.layout import layout
-from flashserve.render.naming import serving_label_value
+from flashserve.render.naming import SERVING_LABEL, serving_label_value
 from flashserve.render.renderer import render
 from flashserve.render.vllm_args import kernel_cache_key
 
@@ -385,3 +385,39 @@ def test_a_group_ready_beyond_its_budget_is_told_once_and_not_again_after_an_ope
     restarted = controller(kube)
     run(restarted, body("flash", spec, status=kube.status[(NS, "flash")]), timed(kube, "flash", 1000, 5000))
     assert [e["reason"] for e in events].count("StartupSlow") == 1
+
+
+# -- the prefetch pods reach the start-up through the pod index
+
+
+def test_prefetch_pods_are_indexed_apart_from_engine_pods_and_kept_only_when_the_serving_owns_their_daemonset():
+    from flashserve.controller import handlers
+    from flashserve.controller.observe import owned
+    from flashserve.render.startup import OWNER_LABEL
+
+    spec = {**TWO_NODES, "startup": NODE_LOCAL}
+    sts, _ = group(spec, 0, 0, [])
+    ds, _ = prefetch(spec, {})
+    engine = pod(sts, "flash-g0-0", "n1", 1, 2, 3)
+    worker = pod(ds, "flash-prefetch-x", "n1", 1, 2, 3, container="pause")
+    stranger = pod({**ds, "metadata": {**ds["metadata"], "uid": "uid-other"}}, "other-prefetch-y", "n2", 1, 2, 3)
+    key = (NS, serving_label_value("flash"))
+    wake = handlers._wakeups.setdefault(key, asyncio.Event())
+    try:
+        index = {}
+        for b in (engine, worker, stranger):
+            got = asyncio.run(handlers.fs_pods(namespace=NS, labels=b["metadata"]["labels"], body=b))
+            for k, v in got.items():
+                index.setdefault(k, []).append(v)
+        assert wake.is_set(), "a prefetch pod's change wakes its serving"
+    finally:
+        handlers._wakeups.pop(key, None)
+    assert OWNER_LABEL in worker["metadata"]["labels"] and SERVING_LABEL not in worker["metadata"]["labels"]
+    assert set(index) == {key, handlers.startup_key(key)}
+    empty = {}
+    obs = handlers._observed([key], {key: [sts]}, empty, empty, index, empty, empty, empty, empty, empty, empty,
+                             {key: [ds]}, empty)  # fmt: skip
+    assert [p.name for p in obs.pods] == ["flash-g0-0"]
+    assert sorted(p.name for p in obs.startup_pods) == ["flash-prefetch-x", "other-prefetch-y"]
+    mine = owned(obs, "uid-flash", serving_label_value("flash"))
+    assert [p.name for p in mine.startup_pods] == ["flash-prefetch-x"], "only pods of this serving's DaemonSet"
