@@ -124,7 +124,9 @@ def test_a_pod_not_yet_scheduled_or_not_yet_made_leaves_the_group_incomplete():
     sts, pods = group(TWO_NODES, 0, 0, [("n1", 3, 40, 300), (None, None, None, None)])
     r = sp.startup_of(sts, pods)
     assert (r.scheduled, r.running, r.ready, r.complete) == (None, None, None, False)
-    assert r.status()["seconds"] == {}
+    # Written as a merge patch: a phase not reached is null, so no earlier record's value survives in it.
+    assert r.status()["seconds"] == {"scheduled": None, "running": None, "ready": None}
+    assert (r.status()["scheduled"], r.status()["ready"]) == (None, None)
     # One pod of two made so far (the other not yet created): not scheduled as a group either.
     assert sp.startup_of(sts, pods[:1]).scheduled is None
     # Both bound, one engine still pulling its image: scheduled, not running.
@@ -263,6 +265,11 @@ def test_status_lists_the_last_start_ups_newest_last_bounded_and_valid_for_the_t
                                      "ready", "seconds"}  # fmt: skip
     typed = DeepSeekServingStatus.model_validate({"startup": s.status})
     assert typed.dump()["startup"] == s.status
+    # What the API server keeps of a merge patch: a record with a phase not reached is valid too.
+    partial = sp.startup_of(*group(TWO_NODES, 0, 0, [("n1", 3, None, None)] * 2))
+    kept = {k: v for k, v in partial.status().items() if v is not None}
+    kept["seconds"] = {k: v for k, v in kept["seconds"].items() if v is not None}
+    assert DeepSeekServingStatus.model_validate({"startup": {"last": kept}}).dump()["startup"]["last"] == kept
     # A steady serving: nothing new, nothing to write.
     tracker.commit(NS, "flash", s, {o["metadata"]["uid"] for o in obs.statefulsets.values()})
     assert tracker.step(NS, "flash", spec_of({**TWO_NODES, "replicas": 11}), obs, s.status, T0 + 2000).status is None

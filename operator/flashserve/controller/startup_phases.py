@@ -65,15 +65,18 @@ class GroupStartup:
         return {ph: t - self.created for ph in PHASES if (t := getattr(self, ph)) is not None}
 
     def status(self) -> dict:
-        """The record as status.startup holds it (times as the API writes them: RFC 3339, whole seconds)."""
+        """The record as status.startup holds it (times as the API writes them: RFC 3339, whole seconds). A
+        phase not reached is null, not left out: status is written as a merge patch, and a key left out would
+        keep the previous record's value."""
+        seconds = self.seconds()
         return {
             "group": self.group,
             "statefulSet": self.statefulset,
             "uid": self.uid,
             "cacheState": self.cache_state,
             "created": iso_at(self.created),
-            **{ph: iso_at(t) for ph in PHASES if (t := getattr(self, ph)) is not None},
-            "seconds": self.seconds(),
+            **{ph: None if (t := getattr(self, ph)) is None else iso_at(t) for ph in PHASES},
+            "seconds": {ph: seconds.get(ph) for ph in PHASES},
         }
 
 
