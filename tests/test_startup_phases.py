@@ -48,11 +48,11 @@ def child(spec: dict, kind: str, suffix: str = "") -> dict:
 
 def live(obj: dict, created: float | None, uid: str | None = None) -> dict:
     """A rendered object as the API server holds it: with a uid and (unless None) its creation time."""
-    out = slim(copy.deepcopy(obj))
+    out = copy.deepcopy(obj)
     out["metadata"]["uid"] = uid or f"uid-{obj['metadata']['name']}"
     if created is not None:
         out["metadata"]["creationTimestamp"] = iso_at(T0 + created)
-    return out
+    return slim(out)  # what the operator's index keeps of it
 
 
 def pod(owner: dict, name: str, node: str | None, scheduled: float | None = None, started: float | None = None,

@@ -163,6 +163,8 @@ def slim(body: dict) -> dict:
             "annotations": dict(meta.get("annotations") or {}),
             "ownerReferences": list(meta.get("ownerReferences") or []),
             "deletionTimestamp": meta.get("deletionTimestamp"),
+            # When a replica group began: the first phase of its start-up (startup_phases.py)
+            "creationTimestamp": meta.get("creationTimestamp"),
         },
         "spec": body.get("spec", {}),
         "status": body.get("status", {}),
