@@ -1,6 +1,7 @@
 """Group start-ups on the real API server: the operator's status.startup holds, for each replica group, the
 StatefulSet's creation and its pods' PodScheduled, engine start and Ready times exactly as the API server
-holds them (to the second), and the histogram on its metrics endpoint counts each start-up once."""
+holds them (to the second), and the histogram on its metrics endpoint counts each start-up once; a group
+placed after the node-local prefetch is weights-cached, and the next group of the same kernel-cache key warm."""
 
 from __future__ import annotations
 
@@ -87,3 +88,53 @@ def test_status_startup_holds_each_groups_times_as_the_api_server_gives_them(ope
     writes = operator.metrics()["flashserve_status_writes_total"]
     time.sleep(12)  # two resync periods
     assert counts() == got and operator.metrics()["flashserve_status_writes_total"] == writes
+
+
+def local_volume(name: str, claim: str, namespace: str, path: str) -> list[dict]:
+    """A `local` PersistentVolume spanning the GB200 pool and the claim bound to it (docs/startup.md)."""
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+          "spec": {"capacity": {"storage": "1Ti"}, "accessModes": ["ReadWriteOnce"], "storageClassName": name,
+                   "persistentVolumeReclaimPolicy": "Retain", "local": {"path": path},
+                   "claimRef": {"namespace": namespace, "name": claim},
+                   "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                       {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-GB200"]}]}]}}}}  # fmt: skip
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace},
+           "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": name, "volumeName": name,
+                    "resources": {"requests": {"storage": "1Ti"}}}}  # fmt: skip
+    return [pv, pvc]
+
+
+def test_a_group_placed_after_the_prefetch_is_weights_cached_and_the_next_one_warm(operator, kubectl, namespace):
+    volumes = [*local_volume(f"{namespace}-w", "weights", namespace, "/mnt/weights"),
+               *local_volume(f"{namespace}-k", "kernels", namespace, "/mnt/kernels")]  # fmt: skip
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(volumes))
+    try:
+        spec = {**WIDE, "replicas": 0, "startup": {"weightsCache": {"scope": "NodeLocal", "claimName": "weights"},
+                                                   "kernelCache": {"claimName": "kernels"}}}  # fmt: skip
+        cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+              "metadata": {"name": "flash", "namespace": namespace}, "spec": spec}  # fmt: skip
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+
+        def prefetched() -> bool:
+            items = get_json(kubectl, "-n", namespace, "daemonsets")["items"]
+            ds = [d for d in items if d["metadata"]["name"].endswith("-prefetch")]
+            st = (ds[0].get("status") or {}) if ds else {}
+            return bool(st.get("desiredNumberScheduled")) and st.get("numberReady") == st["desiredNumberScheduled"]
+
+        wait_until(prefetched, 120, what="the prefetch DaemonSet Ready on every GB200 node")
+
+        def recent() -> list[dict]:
+            obj = get_json(kubectl, "-n", namespace, "dss", "flash")
+            return ((obj.get("status") or {}).get("startup") or {}).get("recent") or []
+
+        for replicas in (1, 2):
+            kubectl("-n", namespace, "patch", "dss", "flash", "--type", "merge", "-p",
+                    f'{{"spec":{{"replicas":{replicas}}}}}')  # fmt: skip
+            wait_until(lambda: len(recent()) == replicas, 120, what=f"{replicas} start-ups in status.startup")
+        first, second = recent()
+        assert (first["group"], first["cacheState"]) == (0, "weights-cached"), first
+        assert (second["group"], second["cacheState"]) == (1, "warm"), second
+        startup = get_json(kubectl, "-n", namespace, "dss", "flash")["status"]["startup"]
+        assert [k["since"] for k in startup["warmKernelCaches"]] == [first["ready"]]
+    finally:
+        kubectl("delete", "pv", f"{namespace}-w", f"{namespace}-k", "--wait=false", check=False)
