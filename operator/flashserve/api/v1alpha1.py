@@ -42,6 +42,9 @@ MAX_STRING = 4096
 # clusters, hence several servings. It also bounds what one reconcile renders when the spec changes and a
 # full rollout at one group at a time (docs/api-validation.md).
 MAX_GROUPS = 256
+# Group start-ups listed in status.startup.recent, and kernel-cache keys remembered in it
+STARTUP_RECENT_MAX = 8
+STARTUP_WARM_KERNELS_MAX = 16
 
 K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
@@ -655,6 +658,54 @@ class EndedDrain(_Model):
     """When the drain ended (RFC 3339, UTC)."""
 
 
+class StartupSeconds(_Model):
+    scheduled: float | None = None
+    """Seconds from the StatefulSet's creation until all its pods were bound to nodes."""
+    running: float | None = None
+    """Seconds from its creation until the engine container of every pod had started."""
+    ready: float | None = None
+    """Seconds from its creation until every pod was Ready (all engines healthy)."""
+
+
+class GroupStartupRecord(_Model):
+    group: int
+    """Index of the replica group."""
+    stateful_set: str = Field(max_length=253)
+    """The group's StatefulSet."""
+    uid: str = Field(max_length=64)
+    """Its uid: a group made again is a new start-up."""
+    cache_state: Literal["cold", "weights-cached", "warm"]
+    """What the group started from (docs/startup.md): `cold` (weights not known to be in a cache before they
+    were needed), `weights-cached` (in the weights cache), `warm` (weights cached, and an earlier group of the
+    same kernel-cache key had completed its start-up before this group's engines started)."""
+    created: str = Field(max_length=64)
+    """The StatefulSet's creationTimestamp (RFC 3339, as the API gives it)."""
+    scheduled: str | None = Field(None, max_length=64)
+    """The latest PodScheduled transition over the group's pods."""
+    running: str | None = Field(None, max_length=64)
+    """The latest start of the engine container over the group's pods."""
+    ready: str | None = Field(None, max_length=64)
+    """The latest Ready transition over the group's pods."""
+    seconds: StartupSeconds = Field(default_factory=StartupSeconds)
+    """Each phase in seconds since created."""
+
+
+class WarmKernelCache(_Model):
+    key: str = Field(max_length=253)
+    """A kernel-cache directory (accelerator, layout, image digest) under spec.startup.kernelCache."""
+    since: str = Field(max_length=64)
+    """When the first start-up of a group with it completed (RFC 3339)."""
+
+
+class StartupStatus(_Model):
+    last: GroupStartupRecord | None = None
+    """The most recent group start-up to complete."""
+    recent: list[GroupStartupRecord] | None = Field(None, max_length=STARTUP_RECENT_MAX)
+    """The last few group start-ups, newest last."""
+    warm_kernel_caches: list[WarmKernelCache] | None = Field(None, max_length=STARTUP_WARM_KERNELS_MAX)
+    """Kernel-cache keys a start-up has completed with: a later group of the same key starts warm."""
+
+
 class DeepSeekServingStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = None
@@ -678,6 +729,9 @@ class DeepSeekServingStatus(_Model):
     """Replica groups taken out of routing that wait for their requests to finish before they go."""
     last_drains: list[EndedDrain] | None = Field(None, max_length=MAX_GROUPS + 1)
     """The drains that ended at the most recent reconcile that ended any, and what ended each."""
+    startup: StartupStatus | None = None
+    """Start-ups of replica groups, per phase, from the API's own timestamps (written only when one
+    completes)."""
     conditions: list[Condition] | None = Field(None, max_length=MAX_LIST)
 
 

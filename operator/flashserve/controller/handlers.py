@@ -23,6 +23,7 @@ import kopf
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 from flashserve.controller.observe import Observed, pod_view, serving_key, slim
 from flashserve.controller.reconciler import Controller
+from flashserve.render.startup import OWNER_LABEL
 from flashserve.render.naming import (
     MANAGED_BY,
     legacy_serving_label_value,
@@ -131,8 +132,21 @@ async def fs_jobs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> di
 @kopf.index("", "v1", "pods", labels=MANAGED)
 async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
+    if key is None:
+        # A prefetch or pre-pull pod carries no serving label (no selector of the engines may match it), only
+        # the serving it works for: kept apart, under a key of its own, for the start-up's cache signal.
+        owner = (labels or {}).get(OWNER_LABEL)
+        if not owner:
+            return None
+        _wake((namespace, owner))
+        return {startup_key((namespace, owner)): pod_view(body)}
     _wake(key)
-    return {key: pod_view(body)} if key else None
+    return {key: pod_view(body)}
+
+
+def startup_key(key: tuple[str, str]) -> tuple[str, str, str]:
+    """The index key of the start-up pods that work for the serving of `key`."""
+    return (*key, OWNER_LABEL)
 
 
 # The resources whose objects the operator makes (and so watches), with their kinds. Their watches are
@@ -242,7 +256,8 @@ def _observed(keys: list[tuple[str, str]], sts: kopf.Index, svcs: kopf.Index, pd
         services={s["metadata"]["name"]: s for s in items(svcs) if not s["metadata"]["deletionTimestamp"]},
         pdbs=by_name(pdbs),
         netpols=by_name(netpols),
-        pods=items(pods),
+        pods=[p for key in dict.fromkeys(keys) for p in pods.get(key, [])],
+        startup_pods=[p for key in dict.fromkeys(keys) for p in pods.get(startup_key(key), [])],
         deployments=by_name(deployments),
         serviceaccounts=by_name(serviceaccounts),
         roles=by_name(roles),

@@ -19,6 +19,9 @@ class _ControllerCollector:
         yield CounterMetricFamily("flashserve_status_writes", "Status updates", value=stats.status_writes)
         yield CounterMetricFamily("flashserve_api_requests", "API requests made by reconciles",
                                   value=self.controller.kube.requests)  # fmt: skip
+        startups = getattr(self.controller, "startups", None)
+        if startups is not None:
+            yield from startups.collect()
         scaler = getattr(self.controller, "autoscaler", None)
         if scaler is not None and hasattr(scaler, "collect"):
             yield from scaler.collect()

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flashserve.clock import parse_iso
 from flashserve.render.naming import GROUP_LABEL, ROUTING_LABEL, SERVING_LABEL
 from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
 
 # When the operator took a pod out of routing, on the pod itself: a drain's clock survives an operator restart.
 DRAIN_SINCE_ANNOTATION = "flashserve.io/drain-since"
+# The engine container of a group's pods (render/templates/statefulset.yaml.j2): its start is the group's
+# "running", and its startupProbe the budget a start-up is measured against.
+ENGINE_CONTAINER = "vllm"
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,11 @@ class PodView:
     uid: str = ""
     owner_uid: str = ""  # uid of the object that controls the pod (its StatefulSet)
     host_network: bool = False
+    # The API's own times of a start-up, in seconds since the epoch (None: not there yet): PodScheduled=True,
+    # the engine container's state.running.startedAt, Ready=True (the condition's lastTransitionTime each)
+    scheduled_at: float | None = None
+    started_at: float | None = None
+    ready_at: float | None = None
 
 
 @dataclass
@@ -50,6 +59,9 @@ class Observed:
     # spec.startup's weights prefetch and image pre-pull, by name
     daemonsets: dict[str, dict] = field(default_factory=dict)
     jobs: dict[str, dict] = field(default_factory=dict)
+    # The prefetch and pre-pull pods (flashserve.io/startup-of): whether a node's weights copy was complete
+    # when an engine pod was placed there
+    startup_pods: list[PodView] = field(default_factory=list)
 
     def by_kind(self) -> dict[str, dict[str, dict]]:
         """The observed children of each kind the controller watches, by name (pods aside)."""
@@ -90,6 +102,9 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         return ((child.get("metadata") or {}).get("labels") or {}).get(SERVING_LABEL) == label_value
 
     sts = {n: s for n, s in observed.statefulsets.items() if mine(s)}
+    daemonsets = {n: s for n, s in observed.daemonsets.items() if mine(s)}
+    jobs = {n: s for n, s in observed.jobs.items() if mine(s)}
+    workers = {((s.get("metadata") or {}).get("uid")) for s in [*daemonsets.values(), *jobs.values()]} - {None}
     return Observed(
         statefulsets=sts,
         services={n: s for n, s in observed.services.items() if mine(s)},
@@ -101,8 +116,9 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         roles={n: s for n, s in observed.roles.items() if mine(s)},
         rolebindings={n: s for n, s in observed.rolebindings.items() if mine(s)},
         inferencepools={n: s for n, s in observed.inferencepools.items() if mine(s)},
-        daemonsets={n: s for n, s in observed.daemonsets.items() if mine(s)},
-        jobs={n: s for n, s in observed.jobs.items() if mine(s)},
+        daemonsets=daemonsets,
+        jobs=jobs,
+        startup_pods=[p for p in observed.startup_pods if p.owner_uid in workers],
         now=observed.now,
         in_flight=dict(observed.in_flight),
     )
@@ -147,6 +163,8 @@ def slim(body: dict) -> dict:
             "annotations": dict(meta.get("annotations") or {}),
             "ownerReferences": list(meta.get("ownerReferences") or []),
             "deletionTimestamp": meta.get("deletionTimestamp"),
+            # When a replica group began: the first phase of its start-up (startup_phases.py)
+            "creationTimestamp": meta.get("creationTimestamp"),
         },
         "spec": body.get("spec", {}),
         "status": body.get("status", {}),
@@ -163,6 +181,8 @@ def pod_view(body: dict) -> PodView:
     sched = conditions.get("PodScheduled", {})
     unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
     restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
+    engine = next((c for c in status.get("containerStatuses") or [] if c.get("name") == ENGINE_CONTAINER), {})
+    started = ((engine.get("state") or {}).get("running") or {}).get("startedAt")
     try:
         group = int(labels.get(GROUP_LABEL, "-1"))
     except ValueError:
@@ -183,6 +203,9 @@ def pod_view(body: dict) -> PodView:
         uid=str(meta.get("uid") or ""),
         owner_uid=controller_uid(body) or "",
         host_network=bool((body.get("spec") or {}).get("hostNetwork")),
+        scheduled_at=parse_iso(sched.get("lastTransitionTime")) if sched.get("status") == "True" else None,
+        started_at=parse_iso(started),
+        ready_at=parse_iso(conditions.get("Ready", {}).get("lastTransitionTime")) if ready else None,
     )
 
 

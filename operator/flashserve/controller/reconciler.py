@@ -32,6 +32,7 @@ from flashserve.controller.observe import (
     statefulset_of,
 )
 from flashserve.controller.plan import Plan, plan
+from flashserve.controller.startup_phases import StartupTracker
 from flashserve.controller.status import (
     Cond,
     group_conditions,
@@ -167,6 +168,7 @@ class Controller:
         self._short: dict[tuple[str, str], dict[str, float]] = {}  # StatefulSet -> since when it lacks pods
         # StatefulSet -> (the FailedCreate message, or None when it had none; when that was read)
         self._refusals: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
+        self.startups = StartupTracker()  # each group's start-up, recorded once (status, metric, StartupSlow)
 
     def forget(self, namespace: str, name: str) -> None:
         """A serving is gone: a new one of the same name starts from its own (empty) status."""
@@ -175,6 +177,7 @@ class Controller:
         self._short.pop((namespace, name), None)
         self._refusals.pop((namespace, name), None)
         self._draining.discard((namespace, name))
+        self.startups.forget(namespace, name)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -383,7 +386,16 @@ class Controller:
             new_status["lastDrains"] = [d.ended() for d in p.drained]
         if self.autoscaler is not None and spec.autoscaling.enabled:
             new_status.update(self.autoscaler.status_fields(body))
+        # Written when a start-up completes, only then.
+        started = self.startups.step(namespace, name, spec, mine, status.get("startup"), time.time())
+        if started.status is not None:
+            new_status["startup"] = started.status
         await self._write_status(body, status, new_status, logger)
+        self.startups.commit(namespace, name, started,
+                             {u for s in mine.statefulsets.values() if (u := (s.get("metadata") or {}).get("uid"))})
+        for slow in started.slow:
+            kopf.event(body, type="Warning", reason="StartupSlow", message=slow.message())
+            logger.warning("StartupSlow: %s", slow.message())
 
     def _owner_conflict(self, namespace: str, uid: str | None, label: str, obj: dict, observed: Observed) -> str | None:
         """Why `obj` must not be written (an object of its name belongs to someone else), else None."""
