@@ -72,3 +72,18 @@ def test_conditions_of_other_tools_are_kept():
     merged = merge_conditions(previous, [Cond("Ready", "True", "AllReplicasReady", "")], "T2", 2)
     assert theirs in merged, "another tool's condition survives the operator's status write"
     assert [c for c in merged if c["type"] == "Ready"][0]["lastTransitionTime"] == "T1", "ours come from what we wrote"
+
+
+def test_the_router_counts_as_rolling_out_until_the_deployment_controller_reports_it_done():
+    from flashserve.controller.router_status import router_rolling_out, router_status
+
+    assert router_rolling_out(None), "not observed yet"
+    seen = {"metadata": {"generation": 3}, "status": {"observedGeneration": 2}}
+    assert router_rolling_out(seen), "a spec change the Deployment controller has not seen"
+    done = {"metadata": {"generation": 3}, "status": {"observedGeneration": 3, "conditions": [
+        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}}  # fmt: skip
+    assert not router_rolling_out(done)
+    late = {"status": {"conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}}
+    assert not router_rolling_out(late), "past its deadline: no longer coming"
+    assert router_status({"status": {"replicas": 2, "readyReplicas": True, "availableReplicas": -1}}) == {
+        "replicas": 2, "readyReplicas": 0, "availableReplicas": 0}, "only counts the API could give"

@@ -655,6 +655,16 @@ class EndedDrain(_Model):
     """When the drain ended (RFC 3339, UTC)."""
 
 
+class RouterStatus(_Model):
+    replicas: int = 0
+    """Router pods the router Deployment has (its status.replicas)."""
+    ready_replicas: int = 0
+    """Router pods that pass their readiness probe, which they do once they have found a healthy engine."""
+    available_replicas: int = 0
+    """Router pods ready for the Deployment's minReadySeconds. The client Service points at the router only
+    while this is at least 1; at 0 it points at the engines that take traffic directly (no session affinity)."""
+
+
 class DeepSeekServingStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = None
@@ -678,6 +688,8 @@ class DeepSeekServingStatus(_Model):
     """Replica groups taken out of routing that wait for their requests to finish before they go."""
     last_drains: list[EndedDrain] | None = Field(None, max_length=MAX_GROUPS + 1)
     """The drains that ended at the most recent reconcile that ended any, and what ended each."""
+    router: RouterStatus | None = None
+    """The router Deployment's pods, while spec.routing.enabled."""
     conditions: list[Condition] | None = Field(None, max_length=MAX_LIST)
 
 

@@ -32,6 +32,7 @@ from flashserve.controller.observe import (
     statefulset_of,
 )
 from flashserve.controller.plan import Plan, plan
+from flashserve.controller.router_status import router_status, with_router
 from flashserve.controller.status import (
     Cond,
     group_conditions,
@@ -50,6 +51,7 @@ from flashserve.render.naming import (
     ROUTING_DRAIN,
     ROUTING_SERVE,
     SERVING_LABEL,
+    router_name,
     serving_label_value,
 )
 from flashserve.render.renderer import OPERATOR_NAMESPACE, endpoint, selector_string
@@ -363,7 +365,11 @@ class Controller:
         counts = group_counts(p.groups)
         extra_groups = len(p.deleted_groups) + sum(d.reason == SCALE_DOWN for d in p.draining)
         refused = await self._pods_refused(namespace, name, mine)
-        conds = group_conditions(p.groups, spec.replicas, extra_groups, refused) + extra_conds
+        conds = group_conditions(p.groups, spec.replicas, extra_groups, refused)
+        router = mine.deployments.get(router_name(name))
+        if spec.routing.enabled:
+            conds = with_router(conds, router, counts["readyReplicas"])
+        conds += extra_conds
         if p.surge_unschedulable and not any(c.type == "Degraded" and c.status == "True" for c in conds):
             conds = [c for c in conds if c.type != "Degraded"] + [surge_unschedulable_condition(p.surge)]
         if outcome.failed or outcome.refused:
@@ -379,6 +385,8 @@ class Controller:
         # Written while groups drain, and cleared once (only then: a steady serving's status does not change).
         if p.draining or status.get("drainingGroups"):
             new_status["drainingGroups"] = [d.status() for d in p.draining] or None
+        if spec.routing.enabled or status.get("router"):
+            new_status["router"] = router_status(router) if spec.routing.enabled else None
         if p.drained:
             new_status["lastDrains"] = [d.ended() for d in p.drained]
         if self.autoscaler is not None and spec.autoscaling.enabled:
