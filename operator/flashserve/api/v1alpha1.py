@@ -537,6 +537,12 @@ class RoutingSpec(_Model):
     """Port of the router's Prometheus /metrics inside its pods; must differ from port."""
     inference_pool: InferencePoolSpec = Field(default_factory=InferencePoolSpec)
     """A Gateway API InferencePool over the engines, for an inference gateway (independent of the router)."""
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=MAX_LIST)
+    """Node labels the router pods require. The router needs no GPU: unset, its pods land wherever the
+    scheduler puts them (which may be a GPU node with room for a small pod); set it to pin them to a CPU pool."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
+    """Tolerations of the router pods, for a CPU pool behind a taint. Empty by default: unlike the engines, the
+    router does not tolerate the GPU-node taint, so it stays off tainted GPU nodes."""
 
     def renders_prompts(self) -> bool:
         """Whether the router asks the engines to render prompts, so they need --enable-scale-out."""
