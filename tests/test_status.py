@@ -20,7 +20,7 @@ def test_last_transition_time_changes_only_with_status():
 
 
 def test_group_conditions():
-    g = [GroupState(0, True, True, True, 0, 0), GroupState(1, True, False, False, 1, 1)]
+    g = [GroupState(0, True, True, True, 0, 0, serving=True), GroupState(1, True, False, False, 1, 1)]
     conds = {c.type: c for c in group_conditions(g, 2, 0)}
     assert conds["Ready"].status == "False" and conds["Ready"].reason == "PartiallyReady"
     assert conds["Progressing"].reason == "RollingUpdate"

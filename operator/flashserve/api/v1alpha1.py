@@ -676,7 +676,8 @@ class DeepSeekServingStatus(_Model):
     replicas: int | None = None
     """Replica groups that exist."""
     ready_replicas: int | None = None
-    """Groups whose pods are all ready."""
+    """Groups that take new requests: every pod ready and in routing. A group drained before its pods are
+    replaced is not counted; during a one-group rollout the surge group counts for the group it stands in for."""
     updated_replicas: int | None = None
     """Groups running the current pod template."""
     desired_replicas: int | None = None
