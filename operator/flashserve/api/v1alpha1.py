@@ -639,9 +639,11 @@ class DrainingGroup(_Model):
     """Index of the replica group that is draining."""
     since: str = Field(max_length=64)
     """When its pods were taken out of routing (RFC 3339, UTC)."""
-    reason: Literal["ScaleDown", "Rollout"]
+    reason: Literal["ScaleDown", "Rollout", "Rename"]
     """ScaleDown: the group is beyond the desired count (also the extra group of a one-group rollout once the
-    replaced group is ready); Rollout: its pods are about to be replaced by the new template."""
+    replaced group is ready); Rollout: its pods are about to be replaced by the new template; Rename: a copy of
+    the group under a name an earlier operator version gave it, deleted once drained (the copy under the
+    current name serves)."""
     requests_in_flight: int | None = None
     """Running plus waiting requests its engines reported at the last look; unset while no engine could be
     read (not yet, or it did not answer)."""
@@ -649,7 +651,7 @@ class DrainingGroup(_Model):
 
 class EndedDrain(_Model):
     group: int
-    reason: Literal["ScaleDown", "Rollout"]
+    reason: Literal["ScaleDown", "Rollout", "Rename"]
     ended_by: Literal["Idle", "Timeout"]
     """Idle: every engine of the group reported no running or waiting request; Timeout: rollout.drainSeconds
     passed first, and the group went with the requests it still had."""

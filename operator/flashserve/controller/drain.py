@@ -31,6 +31,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SCALE_DOWN = "ScaleDown"
 ROLLOUT = "Rollout"
+RENAME = "Rename"  # an old-named copy of a group, once the copy under its current name serves
 IDLE = "Idle"
 TIMEOUT = "Timeout"
 
@@ -38,7 +39,7 @@ TIMEOUT = "Timeout"
 @dataclass(frozen=True)
 class Drain:
     group: int
-    reason: str  # SCALE_DOWN or ROLLOUT
+    reason: str  # SCALE_DOWN, ROLLOUT or RENAME
     since: float  # seconds since the epoch: when the first pod was taken out of routing
     in_flight: int | None  # running + waiting requests over the engines that answered; None: none answered
     ended_by: str | None = None  # IDLE or TIMEOUT when the drain ended in this plan

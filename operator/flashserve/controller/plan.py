@@ -9,8 +9,9 @@ Rules:
   waiting on it would deadlock the rollout.
 - A group still under the name an earlier version gave it (naming.legacy_*) moves to its current name the
   way a rollout moves: at most rollout.maxUnavailable groups at a time, the group under the current name is
-  created beside the old one, and the old one (StatefulSet, headless Service, ComputeDomain) is deleted only
-  once the new one is ready. Shared objects under old names go once no old group is left.
+  created beside the old one, and the old one (StatefulSet, headless Service, ComputeDomain) is drained once
+  the new one is ready and in routing, and deleted once drained. Shared objects under old names go once no old
+  group is left.
 - The observed children are the serving's own (observe.owned): another object's children are never planned.
 - A group is drained before it goes (controller/drain.py): its pods are taken out of routing, and its
   StatefulSet is deleted (scale-down) or its pods are replaced (rollout) only once its engines are idle or
@@ -30,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from flashserve.api.v1alpha1 import DeepSeekServing
-from flashserve.controller.drain import ROLLOUT, SCALE_DOWN, Drain, DrainStep, drain_step
+from flashserve.controller.drain import RENAME, ROLLOUT, SCALE_DOWN, Drain, DrainStep, drain_step
 from flashserve.controller.observe import Observed, PodView, is_subset, statefulset_of
 from flashserve.facts.layout import layout
 from flashserve.render.cache import CACHE, RenderCache, spec_digest
@@ -395,14 +396,19 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
                 in_drain.update(p.name for p in stale)
                 if out.step(drain_step(g.index, ROLLOUT, stale, spec, observed)):
                     out.delete_pods += [p.name for p in stale]
-        if sts is not None and old and g.ready and g.index not in out.rolling:
-            # The current copy serves: the old one and its headless Service and ComputeDomain go.
-            out.migrated.append(g.index)
-            for o in old:
-                out.delete.append(("StatefulSet", o["metadata"]["name"]))
-                removed_old.add(o["metadata"]["name"])
-                out.delete += [("ComputeDomain", cd) for cd in _compute_domains_of(name, o)]
-            out.delete += [("Service", n) for n in _old_group_services(name, observed, g.index)]
+        draining_now = {d.group for d in out.draining + out.drained}
+        if sts is not None and old and g.serving and g.index not in out.rolling and g.index not in draining_now:
+            # The current copy serves: the old one is drained like any group that goes, then it and its headless
+            # Service and ComputeDomain go.
+            old_pods = [p for o in old for p in gs.pods_of(o) if not p.terminating]
+            in_drain.update(p.name for p in old_pods)
+            if out.step(drain_step(g.index, RENAME, old_pods, spec, observed)):
+                out.migrated.append(g.index)
+                for o in old:
+                    out.delete.append(("StatefulSet", o["metadata"]["name"]))
+                    removed_old.add(o["metadata"]["name"])
+                    out.delete += [("ComputeDomain", cd) for cd in _compute_domains_of(name, o)]
+                out.delete += [("Service", n) for n in _old_group_services(name, observed, g.index)]
         for o in objs:
             live = _live(observed, o)
             if _needs_apply(o, live):

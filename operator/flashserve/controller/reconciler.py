@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
 from flashserve.api.validation import SpecError, parse_spec
-from flashserve.controller.drain import SCALE_DOWN, drain_targets, engine_address
+from flashserve.controller.drain import RENAME, SCALE_DOWN, drain_targets, engine_address
 from flashserve.controller.engine_metrics import EngineMetrics
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import (
@@ -499,7 +499,8 @@ class Controller:
             kopf.event(body, type="Normal", reason="GroupsCreated", message=f"created replica groups {created}")
         for g in p.drain_started:
             d = next((d for d in p.draining + p.drained if d.group == g), None)
-            why = "beyond the desired count" if d is not None and d.reason == SCALE_DOWN else "its pods are replaced next"
+            why = {SCALE_DOWN: "beyond the desired count", RENAME: "an old-named copy: the copy under its current "
+                   "name serves"}.get(d.reason if d is not None else "", "its pods are replaced next")  # fmt: skip
             kopf.event(body, type="Normal", reason="DrainStarted",
                        message=f"group {g} taken out of routing ({why}): it goes once its engines are idle, at "
                        f"most {drain_seconds} s after it started")  # fmt: skip
