@@ -8,13 +8,34 @@ from flashserve.api.validation import parse_serving
 from flashserve.controller.autoscale import replica_counts
 from flashserve.controller.drain import DRAIN_SETTLE_S
 from flashserve.controller.reconciler import RECENT_WRITE_S
-from flashserve.render.naming import serving_label_value
+from flashserve.render.naming import ROUTING_SERVE, serving_label_value
 
 from tests.builders import NS, body
-from tests.fakes import FakeEngines, conditions, reconcile
-from tests.test_drain import routing_patches, serving_groups, settled
+from tests.fakes import FakeEngines, FakeKube, conditions, controller, reconcile
 
 NEW = {"engine": {"image": "vllm/vllm-openai:v0.33.1"}}
+
+
+def settled(spec: dict, clock, engines: FakeEngines | None = None) -> tuple:
+    kube = FakeKube()
+    c = controller(kube, engines)
+    status = reconcile(c, kube, body("flash", spec))
+    status = reconcile(c, kube, body("flash", spec, status=status))
+    clock.advance(RECENT_WRITE_S + 1)
+    kube.calls.clear()
+    return kube, c, status
+
+
+def routing_patches(kube: FakeKube) -> list[tuple[str, str]]:
+    return [(c[1], c[2]) for c in kube.calls if c[0] == "pod-routing"]
+
+
+def serving_groups(kube: FakeKube) -> set[int]:
+    """Groups whose every pod is ready and in routing, as the watches show them."""
+    by_group: dict[int, list] = {}
+    for p in kube.observed(NS, "flash").pods:
+        by_group.setdefault(p.group, []).append(p)
+    return {g for g, ps in by_group.items() if all(p.ready and p.routing == ROUTING_SERVE for p in ps)}
 
 
 def counts(kube, spec: dict) -> tuple[int, int]:
