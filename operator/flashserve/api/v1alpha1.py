@@ -644,9 +644,6 @@ class DrainingGroup(_Model):
     replaced group is ready); Rollout: its pods are about to be replaced by the new template; Rename: a copy of
     the group under a name an earlier operator version gave it, deleted once drained (the copy under the
     current name serves)."""
-    requests_in_flight: int | None = None
-    """Running plus waiting requests its engines reported at the last look; unset while no engine could be
-    read (not yet, or it did not answer)."""
 
 
 class EndedDrain(_Model):

@@ -46,10 +46,10 @@ class Drain:
     ended_at: float = 0.0
 
     def status(self) -> dict:
-        out = {"group": self.group, "since": iso_at(self.since), "reason": self.reason}
-        if self.in_flight is not None:
-            out["requestsInFlight"] = self.in_flight
-        return out
+        """status.drainingGroups' entry: what changes only when the drain starts or ends. The requests still in
+        flight change at every poll (DRAIN_POLL_S) and would rewrite status with them: they are a metric
+        (flashserve_drain_requests_in_flight), and in lastDrains once the drain ends."""
+        return {"group": self.group, "since": iso_at(self.since), "reason": self.reason}
 
     def ended(self) -> dict:
         out = {"group": self.group, "reason": self.reason, "endedBy": self.ended_by,

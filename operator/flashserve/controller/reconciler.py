@@ -163,6 +163,8 @@ class Controller:
         if self.engines is None:
             self.engines = EngineMetrics()
         self._draining: set[tuple[str, str]] = set()  # servings with a drain in progress
+        # The drains in progress per serving as the last reconcile saw them, for the in-flight gauge (metrics.py)
+        self.drains: dict[tuple[str, str], list] = {}
         self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
         self._status: dict[tuple[str, str], dict] = {}  # the status this operator last wrote, per serving
         self._uncreated: dict[tuple[str, str], set[str]] = {}  # "Kind/name" the API server refused to create
@@ -177,6 +179,7 @@ class Controller:
         self._short.pop((namespace, name), None)
         self._refusals.pop((namespace, name), None)
         self._draining.discard((namespace, name))
+        self.drains.pop((namespace, name), None)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -339,8 +342,10 @@ class Controller:
         p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace)
         if p.draining:
             self._draining.add((namespace, name))
+            self.drains[(namespace, name)] = list(p.draining)
         else:
             self._draining.discard((namespace, name))
+            self.drains.pop((namespace, name), None)
         self._skip_repeats(namespace, p, digests, mine)
         if not p.writes:  # nothing left to do (or only what was done moments ago): nothing happened now
             _drop_unmade_drains(p, set(), mine)
