@@ -53,7 +53,8 @@ def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_p
         def routed() -> bool:
             st = _dss(kubectl, namespace).get("status") or {}
             ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), {})
-            return (st.get("router") or {}).get("availableReplicas", 0) >= 1 and ready.get("reason") == "AllReplicasReady"
+            available = (st.get("router") or {}).get("availableReplicas", 0)
+            return available >= 1 and ready.get("reason") == "AllReplicasReady"
 
         wait_until(routed, 60, interval=1, what="status.router with an available pod and Ready AllReplicasReady")
         yield namespace, url, logs, operator

@@ -83,7 +83,8 @@ def test_the_router_counts_as_rolling_out_until_the_deployment_controller_report
     done = {"metadata": {"generation": 3}, "status": {"observedGeneration": 3, "conditions": [
         {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}}  # fmt: skip
     assert not router_rolling_out(done)
-    late = {"status": {"conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}}
+    late = {"status": {"conditions": [{"type": "Progressing", "status": "False",
+                                       "reason": "ProgressDeadlineExceeded"}]}}  # fmt: skip
     assert not router_rolling_out(late), "past its deadline: no longer coming"
     assert router_status({"status": {"replicas": 2, "readyReplicas": True, "availableReplicas": -1}}) == {
         "replicas": 2, "readyReplicas": 0, "availableReplicas": 0}, "only counts the API could give"
