@@ -11,6 +11,7 @@ import pytest
 from flashserve.api.validation import parse_serving
 from flashserve.controller import handlers
 from flashserve.controller.reconciler import RECENT_WRITE_S
+from flashserve.controller.router_status import ROUTER_GRACE_S
 from flashserve.render.naming import group_name, router_name
 from flashserve.render.renderer import render_serving
 
@@ -268,7 +269,14 @@ def test_a_router_that_loses_every_pod_after_its_rollout_is_reported_degraded(ev
     events.clear()
     status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
     assert selector(kube) == ENGINES, "the endpoint keeps a backend"
+    assert conds_of(status)["Progressing"] == ("True", "WaitingForRouter"), "a moment's grace first"
+    assert conds_of(status)["Degraded"] == ("False", "AsExpected")
+    c.resync_seconds = 10 * ROUTER_GRACE_S  # the wake-up below is the grace's own, not a resync
+    assert ROUTER_GRACE_S - 1 < c.next_evaluation_in(body("flash", {"replicas": 1})) <= ROUTER_GRACE_S + 1
+    clock.advance(ROUTER_GRACE_S)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
     assert conds_of(status)["Degraded"] == ("True", "RouterUnavailable")
+    assert c.next_evaluation_in(body("flash", {"replicas": 1})) == c.resync_seconds, "no busy loop once reported"
     assert conds_of(status)["Ready"] == ("True", "ServingWithoutRouter")
     assert status["router"]["availableReplicas"] == 0
     assert ("Warning", "RouterUnavailable") in [(e["type"], e["reason"]) for e in events]

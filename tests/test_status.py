@@ -88,3 +88,25 @@ def test_the_router_counts_as_rolling_out_until_the_deployment_controller_report
     assert not router_rolling_out(late), "past its deadline: no longer coming"
     assert router_status({"status": {"replicas": 2, "readyReplicas": True, "availableReplicas": -1}}) == {
         "replicas": 2, "readyReplicas": 0, "availableReplicas": 0}, "only counts the API could give"
+
+
+def test_groups_serving_without_a_router_get_a_grace_before_degraded_also_past_the_progress_deadline():
+    from flashserve.controller.router_status import ROUTER_GRACE_S, with_router
+
+    groups = [GroupState(0, True, True, True, 0, 0, serving=True)]
+    conds = group_conditions(groups, 1, 0)
+    # Engines that took longer to start than the router Deployment's progress deadline: its pods could not be
+    # ready before, so a router that is not ready yet the moment the engines are is no failure.
+    late = {"status": {"replicas": 2, "readyReplicas": 0, "conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}}  # fmt: skip
+    soon = {c.type: (c.status, c.reason) for c in with_router(conds, late, 1, waited_s=5.0)}
+    assert soon == {"Ready": ("True", "ServingWithoutRouter"), "Progressing": ("True", "WaitingForRouter"),
+                    "Degraded": ("False", "AsExpected")}  # fmt: skip
+    later = {c.type: (c.status, c.reason) for c in with_router(conds, late, 1, waited_s=ROUTER_GRACE_S)}
+    assert later["Degraded"] == ("True", "RouterUnavailable") and later["Progressing"] == ("False", "Complete")
+    stuck = group_conditions([GroupState(0, True, True, True, 1, 0, serving=True)], 1, 0)
+    kept = {c.type: c.reason for c in with_router(stuck, late, 1, waited_s=ROUTER_GRACE_S)}
+    assert kept["Degraded"] == "PodsUnschedulable", "the first cause reported stays"
+    up = {"status": {"availableReplicas": 1}}
+    assert with_router(conds, up, 1, waited_s=ROUTER_GRACE_S) == conds
+    assert with_router(conds, late, 0, waited_s=ROUTER_GRACE_S) == conds, "nothing said while no group serves"

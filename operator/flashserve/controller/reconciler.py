@@ -32,7 +32,7 @@ from flashserve.controller.observe import (
     statefulset_of,
 )
 from flashserve.controller.plan import Plan, plan
-from flashserve.controller.router_status import router_status, with_router
+from flashserve.controller.router_status import ROUTER_GRACE_S, router_status, with_router
 from flashserve.controller.status import (
     Cond,
     group_conditions,
@@ -163,6 +163,8 @@ class Controller:
         if self.engines is None:
             self.engines = EngineMetrics()
         self._draining: set[tuple[str, str]] = set()  # servings with a drain in progress
+        # Since when (monotonic) a serving's groups have served with no router pod available
+        self._routerless: dict[tuple[str, str], float] = {}
         # The drains in progress per serving as the last reconcile saw them, for the in-flight gauge (metrics.py)
         self.drains: dict[tuple[str, str], list] = {}
         self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
@@ -180,6 +182,7 @@ class Controller:
         self._refusals.pop((namespace, name), None)
         self._draining.discard((namespace, name))
         self.drains.pop((namespace, name), None)
+        self._routerless.pop((namespace, name), None)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -227,10 +230,20 @@ class Controller:
         if len(self._recent) > 10000:  # forget old entries so memory stays flat
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
+    def _without_router(self, key: tuple[str, str], now_without: bool) -> float:
+        """Seconds the serving's groups have served with no router pod available (0 when they do not now)."""
+        if not now_without:
+            self._routerless.pop(key, None)
+            return 0.0
+        return time.monotonic() - self._routerless.setdefault(key, time.monotonic())
+
     def next_evaluation_in(self, body: dict) -> float:
         base = self.resync_seconds if self.autoscaler is None else self.autoscaler.next_evaluation_in(body)
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         check = self._next_refusal_check(key)
+        left = self._routerless.get(key, -ROUTER_GRACE_S) + ROUTER_GRACE_S - time.monotonic()
+        if left > 0:  # look again when the grace ends, to report the router down on time
+            check = left + 0.1 if check is None else min(check, left + 0.1)
         if key in self._draining:
             check = DRAIN_POLL_S if check is None else min(check, DRAIN_POLL_S)
         return base if check is None else min(base, check)
@@ -372,8 +385,10 @@ class Controller:
         refused = await self._pods_refused(namespace, name, mine)
         conds = group_conditions(p.groups, spec.replicas, extra_groups, refused)
         router = mine.deployments.get(router_name(name))
+        waited = self._without_router((namespace, name), spec.routing.enabled and counts["readyReplicas"] > 0
+                                      and router_status(router)["availableReplicas"] == 0)  # fmt: skip
         if spec.routing.enabled:
-            conds = with_router(conds, router, counts["readyReplicas"])
+            conds = with_router(conds, router, counts["readyReplicas"], waited)
         conds += extra_conds
         if p.surge_unschedulable and not any(c.type == "Degraded" and c.status == "True" for c in conds):
             conds = [c for c in conds if c.type != "Degraded"] + [surge_unschedulable_condition(p.surge)]

@@ -8,10 +8,12 @@ hits it brings). Status says so rather than claim all is well:
 
 - Ready stays True (the endpoint answers), with reason `ServingWithoutRouter` instead of `AllReplicasReady`.
 - While the router Deployment is still rolling out its pods (a new serving, routing just turned on, a router
-  image change), Progressing is True with reason `WaitingForRouter`: a router pod passes /readiness only once
-  it has found a healthy engine, so for a new serving it comes a few seconds after the first ready group.
-- Once the Deployment's rollout is over (its Progressing condition says NewReplicaSetAvailable, or it passed
-  its progress deadline) and still no pod is available, Degraded is True with reason `RouterUnavailable`,
+  image change), and for ROUTER_GRACE_S after the first group serves without a router, Progressing is True
+  with reason `WaitingForRouter`: a router pod passes /readiness only once it has found a healthy engine, so
+  for a new serving it comes a few seconds after the first ready group (also when the engines' start-up took
+  longer than the Deployment's progress deadline, which then reads ProgressDeadlineExceeded).
+- Past that, with the Deployment's rollout over (its Progressing condition says NewReplicaSetAvailable, or it
+  passed its progress deadline) and still no pod available, Degraded is True with reason `RouterUnavailable`,
   unless another cause of Degraded is already reported.
 
 Nothing is said while no group serves: a router pod cannot be ready before an engine is.
@@ -24,6 +26,10 @@ from flashserve.autoscaling.policy import ConditionHint as Cond
 # The Deployment controller's Progressing reason once every pod of its newest ReplicaSet is available; any
 # other reason while Progressing is True means pods are still coming.
 ROLLOUT_DONE = "NewReplicaSetAvailable"
+# How long groups may serve without a router before status calls it degraded: a router pod's readiness probe
+# (every 5 s) passes once its pod watch has shown it a ready engine, which takes a few seconds; a minute leaves
+# room for a busy API server and a slow image pull.
+ROUTER_GRACE_S = 60.0
 
 
 def _count(status: dict, key: str) -> int:
@@ -52,9 +58,9 @@ def router_rolling_out(deployment: dict | None) -> bool:
     return False
 
 
-def with_router(conds: list[Cond], deployment: dict | None, serving_groups: int) -> list[Cond]:
+def with_router(conds: list[Cond], deployment: dict | None, serving_groups: int, waited_s: float = 0.0) -> list[Cond]:
     """The group conditions amended for a router with no available pod (routing enabled); unchanged when the
-    router has one, or when no group serves."""
+    router has one, or when no group serves. `waited_s`: how long groups have served without a router pod."""
     counts = router_status(deployment)
     if counts["availableReplicas"] >= 1 or serving_groups == 0:
         return conds
@@ -65,7 +71,7 @@ def with_router(conds: list[Cond], deployment: dict | None, serving_groups: int)
             c = Cond("Ready", "True", "ServingWithoutRouter", f"{c.message}; no router pod is available: {direct}")
         out.append(c)
     degraded = any(c.type == "Degraded" and c.status == "True" for c in out)
-    if router_rolling_out(deployment):
+    if router_rolling_out(deployment) or waited_s < ROUTER_GRACE_S:
         if not any(c.type == "Progressing" and c.status == "True" for c in out):
             out = [c for c in out if c.type != "Progressing"] + [
                 Cond("Progressing", "True", "WaitingForRouter",
