@@ -49,6 +49,14 @@ def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_p
         kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
         wait_until(lambda: _ready_groups(kubectl, namespace) == 4, 120, interval=1, what="4 ready groups")
         url = router_url(namespace, SERVING, timeout=90)
+
+        def routed() -> bool:
+            st = _dss(kubectl, namespace).get("status") or {}
+            ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), {})
+            available = (st.get("router") or {}).get("availableReplicas", 0)
+            return available >= 1 and ready.get("reason") == "AllReplicasReady"
+
+        wait_until(routed, 60, interval=1, what="status.router with an available pod and Ready AllReplicasReady")
         yield namespace, url, logs, operator
     finally:
         stop_runtime(runtime)
@@ -122,14 +130,18 @@ def test_rollout_of_one_group_under_load_keeps_serving(path_stack, kubectl):
         kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", json.dumps(patch))
         wait_until(lambda: len(_statefulsets(kubectl, namespace)) == 2, 60, interval=0.5, what="the surge group")
 
+        ready_seen: list[int] = []
+
         def rolled() -> bool:
             sts = _statefulsets(kubectl, namespace)
-            return len(sts) == 1 and before not in sts.values() and _ready_groups(kubectl, namespace) == 1
+            ready_seen.append(_ready_groups(kubectl, namespace))
+            return len(sts) == 1 and before not in sts.values() and ready_seen[-1] == 1
 
         wait_until(rolled, 200, interval=1, what="group 0 on the new template and the surge group gone")
         took = time.monotonic() - t0 - 8
     finally:
         summary = _finish(load, report)
     print(f"\none-group rollout under load (surge): {summary['ok']} streams ok, 0 failed; done {took:.0f}s after "
-          f"the edit")
+          f"the edit; readyReplicas seen {sorted(set(ready_seen))}")
     assert summary["ok"] > 20
+    assert min(ready_seen) == 1, "the surge group counts for group 0 while it drains and is replaced"

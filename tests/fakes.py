@@ -98,7 +98,11 @@ class FakeKube:
         stored["metadata"].setdefault("uid", f"uid-{obj['kind']}-{meta['name']}")
         if obj["kind"] == "Deployment":  # its pods come up at once, unless its name is in `unready`
             ready = 0 if meta["name"] in self.unready else obj["spec"]["replicas"]
-            stored["status"] = {"replicas": obj["spec"]["replicas"], "availableReplicas": ready}
+            # An unready one is still rolling out (Progressing True, ReplicaSetUpdated), as the Deployment
+            # controller reports pods that do not pass their readiness probe yet.
+            done = "ReplicaSetUpdated" if ready == 0 else "NewReplicaSetAvailable"
+            stored["status"] = {"replicas": obj["spec"]["replicas"], "readyReplicas": ready, "availableReplicas": ready,
+                                "conditions": [{"type": "Progressing", "status": "True", "reason": done}]}
         self.objects[key] = stored
 
     def get(self, namespace: str, kind: str, name: str) -> dict | None:

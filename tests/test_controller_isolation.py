@@ -8,6 +8,7 @@ import copy
 
 import pytest
 from flashserve.api.validation import parse_serving
+from flashserve.controller.drain import DRAIN_SETTLE_S
 from flashserve.render.naming import (
     GROUP_LABEL,
     GROUP_NAME_LABEL,
@@ -130,7 +131,7 @@ def test_pods_of_a_group_whose_statefulset_was_refused_are_not_replaced(events):
 
 
 @pytest.mark.parametrize("name", ["flash", "a.b"])
-def test_children_move_to_the_current_names_group_by_group(events, name):
+def test_children_move_to_the_current_names_group_by_group(events, clock, name):
     kube = FakeKube()
     b = body(name, {"replicas": 3, "parallelism": {"nodesPerReplica": 2}})
     install(kube, legacy_children(b))
@@ -150,17 +151,30 @@ def test_children_move_to_the_current_names_group_by_group(events, name):
     status = reconcile(c, kube, body(name, b["spec"], status=status))
     assert kube.names("StatefulSet") == old | {new[0]}
 
-    # Ready: the old group 0 goes (StatefulSet and headless Service) and group 1 starts moving.
+    # Ready: the old group 0 leaves routing (its requests finish there) and group 1 starts moving.
     kube.unready = set(new[1:])
+    status = reconcile(c, kube, body(name, b["spec"], status=status))
+    assert kube.names("StatefulSet") == old | {new[0], new[1]}
+    assert {c_[1] for c_ in kube.calls if c_[0] == "pod-routing" and c_[2] == "drain"} == {
+        f"{legacy_group_name(name, 0)}-{k}" for k in range(2)}, "the old copy's pods, and only those"
+    assert [(d["group"], d["reason"]) for d in status["drainingGroups"]] == [(0, "Rename")]
+    assert status["readyReplicas"] == 3, "the current copy serves in its stead"
+    assert "DrainStarted" in [e["reason"] for e in events]
+
+    # Drained (idle engines, once the router had time to see the label): the old group 0 goes (StatefulSet and
+    # headless Service).
+    clock.advance(DRAIN_SETTLE_S + 1)
     status = reconcile(c, kube, body(name, b["spec"], status=status))
     assert kube.names("StatefulSet") == (old - {legacy_group_name(name, 0)}) | {new[0], new[1]}
     assert legacy_group_name(name, 0) not in kube.names("Service")
     assert any(e["reason"] == "GroupsRenamed" for e in events)
 
     kube.unready = set()
-    for _ in range(4):
+    for _ in range(6):
         status = reconcile(c, kube, body(name, b["spec"], status=status))
+        clock.advance(DRAIN_SETTLE_S + 1)
     assert kube.names("StatefulSet") == set(new)
+    assert not status.get("drainingGroups") and {d["reason"] for d in status["lastDrains"]} == {"Rename"}
     assert kube.names("Service") == set(new) | {service_name(name)}, "old shared objects go once no old group is left"
     assert kube.names("PodDisruptionBudget") == {name, router_name(name)}, "the engines' and the router's"
     assert status["readyReplicas"] == 3 and conditions(status)["Progressing"]["reason"] == "Complete"
@@ -206,3 +220,24 @@ def test_a_compute_domain_of_another_owner_is_not_deleted(events):
     c._recent.clear()
     reconcile(c, kube, body("flash", off))
     assert cd not in kube.objects
+
+
+def test_an_old_named_copy_with_requests_in_flight_stays_until_its_engines_are_idle(events, clock):
+    from tests.fakes import FakeEngines
+
+    engines = FakeEngines(default=5)  # the old copy's engines still hold long turns
+    kube = FakeKube()
+    b = body("flash", {"replicas": 1})
+    install(kube, legacy_children(b))
+    c = controller(kube, engines)
+    status = reconcile(c, kube, b)  # the current copy is made (ready at once here)
+    for _ in range(3):
+        clock.advance(DRAIN_SETTLE_S + 1)
+        status = reconcile(c, kube, body("flash", b["spec"], status=status))
+    assert legacy_group_name("flash", 0) in kube.names("StatefulSet"), "not cut while busy"
+    assert [(d["group"], d["reason"]) for d in status["drainingGroups"]] == [(0, "Rename")]
+    engines.default = 0
+    status = reconcile(c, kube, body("flash", b["spec"], status=status))
+    assert kube.names("StatefulSet") == {group_name("flash", 0)}
+    assert [(d["reason"], d["endedBy"]) for d in status["lastDrains"]] == [("Rename", "Idle")]
+    assert "GroupsRenamed" in [e["reason"] for e in events]

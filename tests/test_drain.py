@@ -18,6 +18,7 @@ from flashserve.clock import iso_at, parse_iso
 from flashserve.controller.drain import DRAIN_SETTLE_S, drain_targets, engine_address, parse_networks
 from flashserve.controller.engine_metrics import EngineMetrics, requests_in_flight
 from flashserve.controller.kube import Kube
+from flashserve.controller.metrics import drain_gauge
 from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION, owned, pod_view
 from flashserve.controller.reconciler import DRAIN_POLL_S, RECENT_WRITE_S
 from flashserve.render.naming import (
@@ -101,8 +102,8 @@ def test_scale_down_drains_then_deletes_once_the_engines_are_idle(events, clock)
     clock.advance(DRAIN_SETTLE_S - 1)
     kube.calls.clear()
     status = reconcile(c, kube, body("flash", down, status=status, generation=2))
-    assert kube.writes() == [("status", "flash")], "only the requests in flight, now known, are written"
-    assert [d["requestsInFlight"] for d in status["drainingGroups"]] == [0, 0]
+    assert kube.writes() == [], "the requests in flight, now known, are no status change"
+    assert drain_gauge(c.drains).samples and {s.value for s in drain_gauge(c.drains).samples} == {0}
     assert sorted(engines.asked) == sorted((pods(kube)[n].ip, 8000) for n in leaving)
 
     clock.advance(1)
@@ -136,7 +137,7 @@ def test_a_busy_group_goes_when_drain_seconds_pass_and_status_says_so(events, cl
     clock.advance(29)
     status = reconcile(c, kube, body("flash", down, status=status))
     assert ("StatefulSet", NS, G(1)) in kube.objects
-    assert status["drainingGroups"][0]["requestsInFlight"] == 4
+    assert [(s.labels["group"], s.value) for s in drain_gauge(c.drains).samples] == [("1", 4)]
     clock.advance(1)
     events.clear()
     status = reconcile(c, kube, body("flash", down, status=status))
@@ -397,7 +398,7 @@ def test_engine_networks_bound_the_addresses_asked(events, clock):
     clock.advance(DRAIN_SETTLE_S)
     status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
     assert engines.asked == [], "FakeKube's pod IPs are in 10.64.0.0/16"
-    assert ("StatefulSet", NS, G(1)) in kube.objects and status["drainingGroups"][0].get("requestsInFlight") is None
+    assert ("StatefulSet", NS, G(1)) in kube.objects and not drain_gauge(c.drains).samples
     ip = pods(kube)[f"{G(1)}-0"].ip
     c.engine_networks = parse_networks("10.64.0.0/16")
     reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
@@ -418,3 +419,25 @@ def test_relabelling_a_pod_never_takes_it_from_its_statefulset():
         assert ROUTING_LABEL not in sts["spec"]["selector"]["matchLabels"]
         assert not sts["spec"]["selector"].get("matchExpressions")
     assert sts["spec"]["updateStrategy"]["type"] == "OnDelete", "nor does it rewrite the labels of its pods"
+
+
+def test_a_busy_drain_writes_status_only_when_it_starts_and_ends(events, clock):
+    spec = {"replicas": 4, "rollout": {"drainSeconds": 60}}
+    engines = FakeEngines(default=9)
+    kube, c, status = settled(spec, clock, engines)
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status, generation=2))
+    started = len(kube.status_patches)
+    assert [d["group"] for d in status["drainingGroups"]] == [3, 2, 1]
+    for load in range(10, 30):  # every poll finds other counts on the busy engines
+        engines.default = load
+        clock.advance(DRAIN_POLL_S)
+        status = reconcile(c, kube, body("flash", down, status=status, generation=2))
+    assert len(kube.status_patches) == started, "no status write while the drain waits"
+    assert {s.value for s in drain_gauge(c.drains).samples} == {29}, "the counts are in the gauge"
+    engines.default = 0
+    clock.advance(DRAIN_POLL_S)
+    status = reconcile(c, kube, body("flash", down, status=status, generation=2))
+    assert len(kube.status_patches) == started + 1 and status["drainingGroups"] is None
+    assert [d["requestsInFlight"] for d in status["lastDrains"]] == [0, 0, 0]
+    assert drain_gauge(c.drains).samples == [], "no drain, no sample"

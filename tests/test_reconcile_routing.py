@@ -11,7 +11,8 @@ import pytest
 from flashserve.api.validation import parse_serving
 from flashserve.controller import handlers
 from flashserve.controller.reconciler import RECENT_WRITE_S
-from flashserve.render.naming import router_name
+from flashserve.controller.router_status import ROUTER_GRACE_S
+from flashserve.render.naming import group_name, router_name
 from flashserve.render.renderer import render_serving
 
 from tests.builders import NS, body
@@ -226,3 +227,73 @@ def test_the_startup_children_are_made_restored_renamed_and_deleted(events, cloc
     reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
     assert ("Job", job2) in deleted(kube)
     assert not {k for k, _ in present(kube)} & {"DaemonSet", "Job"}
+
+
+# -- the router's readiness in status
+
+
+def conds_of(status: dict) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_status_says_how_many_router_pods_serve_and_that_none_does_while_the_router_comes_up(events, clock):
+    kube = FakeKube()
+    c = controller(kube)
+    kube.unready.add(ROUTER)  # the Deployment is still rolling out: its pods have found no healthy engine yet
+    status = reconcile(c, kube, body("flash", {"replicas": 1}))
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert status["readyReplicas"] == 1 and status["router"] == {"replicas": 2, "readyReplicas": 0,
+                                                                  "availableReplicas": 0}  # fmt: skip
+    assert conds_of(status) == {"Ready": ("True", "ServingWithoutRouter"), "Progressing": ("True", "WaitingForRouter"),
+                                "Degraded": ("False", "AsExpected")}, "coming up is no degradation"  # fmt: skip
+    assert "engines directly" in next(c["message"] for c in status["conditions"] if c["type"] == "Ready")
+    assert selector(kube) == ENGINES
+    kube.unready.discard(ROUTER)
+    kube.apply(copy.deepcopy(kube.objects[("Deployment", NS, ROUTER)]))
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert status["router"] == {"replicas": 2, "readyReplicas": 2, "availableReplicas": 2}
+    assert conds_of(status) == {"Ready": ("True", "AllReplicasReady"), "Progressing": ("False", "Complete"),
+                                "Degraded": ("False", "AsExpected")}  # fmt: skip
+    clock.advance(RECENT_WRITE_S + 1)
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert len(kube.status_patches) == 3, "a steady router writes no status"
+
+
+def test_a_router_that_loses_every_pod_after_its_rollout_is_reported_degraded(events, clock):
+    kube, c, status = settled({"replicas": 1}, clock)
+    assert conds_of(status)["Degraded"] == ("False", "AsExpected")
+    dep = kube.objects[("Deployment", NS, ROUTER)]
+    # The rollout is over (NewReplicaSetAvailable) but the pods died or fail their probe since.
+    dep["status"].update(readyReplicas=0, availableReplicas=0)
+    events.clear()
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert selector(kube) == ENGINES, "the endpoint keeps a backend"
+    assert conds_of(status)["Progressing"] == ("True", "WaitingForRouter"), "a moment's grace first"
+    assert conds_of(status)["Degraded"] == ("False", "AsExpected")
+    c.resync_seconds = 10 * ROUTER_GRACE_S  # the wake-up below is the grace's own, not a resync
+    assert ROUTER_GRACE_S - 1 < c.next_evaluation_in(body("flash", {"replicas": 1})) <= ROUTER_GRACE_S + 1
+    clock.advance(ROUTER_GRACE_S)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert conds_of(status)["Degraded"] == ("True", "RouterUnavailable")
+    assert c.next_evaluation_in(body("flash", {"replicas": 1})) == c.resync_seconds, "no busy loop once reported"
+    assert conds_of(status)["Ready"] == ("True", "ServingWithoutRouter")
+    assert status["router"]["availableReplicas"] == 0
+    assert ("Warning", "RouterUnavailable") in [(e["type"], e["reason"]) for e in events]
+    dep["status"].update(readyReplicas=1, availableReplicas=1)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert conds_of(status)["Degraded"] == ("False", "AsExpected") and selector(kube) == ROUTERS
+
+
+def test_no_router_condition_while_no_group_serves_and_none_with_routing_off(events, clock):
+    kube = FakeKube()
+    c = controller(kube)
+    kube.unready |= {ROUTER, group_name("flash", 0)}  # the engines are starting: no router pod can be ready
+    status = reconcile(c, kube, body("flash", {"replicas": 1}))
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert conds_of(status)["Ready"] == ("False", "ReplicasNotReady")
+    assert conds_of(status)["Progressing"][1] != "WaitingForRouter" and conds_of(status)["Degraded"][0] == "False"
+    off = {"replicas": 1, "routing": {"enabled": False}}
+    status = reconcile(c, kube, body("flash", off, status=status))
+    assert "router" not in {k for k, v in status.items() if v is not None}
+    assert kube.status_patches[-1]["router"] is None, "the field is cleared"

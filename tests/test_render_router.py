@@ -199,6 +199,15 @@ def test_inference_pool_selects_the_serving_engines_on_the_engine_port():
          "spec.routing.inferencePool.endpointPickerRef.kind", "pattern"),
         ({"inferencePool": {"endpointPickerRef": {"name": "epp", "port": {"number": 9002}, "failureMode": "Maybe"}}},
          "spec.routing.inferencePool.endpointPickerRef.failureMode", "FailOpen"),
+        ({"nodeSelector": {"bad key!": "x"}}, "spec.routing.nodeSelector.bad key!", "qualified name"),
+        ({"nodeSelector": {"pool": "bad value!"}}, "spec.routing.nodeSelector.pool", "label value"),
+        ({"nodeSelector": {"a" * 260 + "/x": "y"}}, f"spec.routing.nodeSelector[{'a' * 40!r}]", "shorten it"),
+        ({"tolerations": [{"operator": "Equal", "value": "x"}]}, "spec.routing.tolerations[0].operator",
+         "set the key or operator: Exists"),
+        ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "spec.routing.tolerations[0].value",
+         "remove the value"),
+        ({"tolerations": [{"key": "k", "tolerationSeconds": 5}]}, "spec.routing.tolerations[0].tolerationSeconds",
+         "NoExecute"),
     ],
 )  # fmt: skip
 def test_bad_routing_fields_are_named_with_the_fix(routing, path, words):
@@ -211,3 +220,18 @@ def test_a_picker_of_another_kind_needs_no_port():
     objs = _render({"routing": {"inferencePool": {"enabled": True, "endpointPickerRef": {
         "group": "gateway.example.com", "kind": "Picker", "name": "epp"}}}})  # fmt: skip
     assert "port" not in by_kind(objs, "InferencePool")[0]["spec"]["endpointPickerRef"]
+
+
+def test_the_router_lands_where_the_scheduler_puts_it_unless_the_spec_pins_it():
+    pod = _router(_render({}))["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "tolerations" not in pod and "affinity" not in pod
+    spec = {"routing": {"nodeSelector": {"node-pool": "cpu"},
+                        "tolerations": [{"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}]}}
+    objs = _render(spec)
+    pod = _router(objs)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node-pool": "cpu"}
+    assert pod["tolerations"] == [{"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}]
+    engines = by_kind(objs, "StatefulSet")[0]["spec"]["template"]["spec"]
+    assert "node-pool" not in engines.get("nodeSelector", {}) and pod["tolerations"] != engines["tolerations"]
+    assert template_hash(parse_serving(cr(spec)).spec) == template_hash(parse_serving(cr({})).spec), (
+        "pinning the router restarts no engine")

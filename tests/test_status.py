@@ -20,7 +20,7 @@ def test_last_transition_time_changes_only_with_status():
 
 
 def test_group_conditions():
-    g = [GroupState(0, True, True, True, 0, 0), GroupState(1, True, False, False, 1, 1)]
+    g = [GroupState(0, True, True, True, 0, 0, serving=True), GroupState(1, True, False, False, 1, 1)]
     conds = {c.type: c for c in group_conditions(g, 2, 0)}
     assert conds["Ready"].status == "False" and conds["Ready"].reason == "PartiallyReady"
     assert conds["Progressing"].reason == "RollingUpdate"
@@ -72,3 +72,41 @@ def test_conditions_of_other_tools_are_kept():
     merged = merge_conditions(previous, [Cond("Ready", "True", "AllReplicasReady", "")], "T2", 2)
     assert theirs in merged, "another tool's condition survives the operator's status write"
     assert [c for c in merged if c["type"] == "Ready"][0]["lastTransitionTime"] == "T1", "ours come from what we wrote"
+
+
+def test_the_router_counts_as_rolling_out_until_the_deployment_controller_reports_it_done():
+    from flashserve.controller.router_status import router_rolling_out, router_status
+
+    assert router_rolling_out(None), "not observed yet"
+    seen = {"metadata": {"generation": 3}, "status": {"observedGeneration": 2}}
+    assert router_rolling_out(seen), "a spec change the Deployment controller has not seen"
+    done = {"metadata": {"generation": 3}, "status": {"observedGeneration": 3, "conditions": [
+        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}}  # fmt: skip
+    assert not router_rolling_out(done)
+    late = {"status": {"conditions": [{"type": "Progressing", "status": "False",
+                                       "reason": "ProgressDeadlineExceeded"}]}}  # fmt: skip
+    assert not router_rolling_out(late), "past its deadline: no longer coming"
+    assert router_status({"status": {"replicas": 2, "readyReplicas": True, "availableReplicas": -1}}) == {
+        "replicas": 2, "readyReplicas": 0, "availableReplicas": 0}, "only counts the API could give"
+
+
+def test_groups_serving_without_a_router_get_a_grace_before_degraded_also_past_the_progress_deadline():
+    from flashserve.controller.router_status import ROUTER_GRACE_S, with_router
+
+    groups = [GroupState(0, True, True, True, 0, 0, serving=True)]
+    conds = group_conditions(groups, 1, 0)
+    # Engines that took longer to start than the router Deployment's progress deadline: its pods could not be
+    # ready before, so a router that is not ready yet the moment the engines are is no failure.
+    late = {"status": {"replicas": 2, "readyReplicas": 0, "conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}}  # fmt: skip
+    soon = {c.type: (c.status, c.reason) for c in with_router(conds, late, 1, waited_s=5.0)}
+    assert soon == {"Ready": ("True", "ServingWithoutRouter"), "Progressing": ("True", "WaitingForRouter"),
+                    "Degraded": ("False", "AsExpected")}  # fmt: skip
+    later = {c.type: (c.status, c.reason) for c in with_router(conds, late, 1, waited_s=ROUTER_GRACE_S)}
+    assert later["Degraded"] == ("True", "RouterUnavailable") and later["Progressing"] == ("False", "Complete")
+    stuck = group_conditions([GroupState(0, True, True, True, 1, 0, serving=True)], 1, 0)
+    kept = {c.type: c.reason for c in with_router(stuck, late, 1, waited_s=ROUTER_GRACE_S)}
+    assert kept["Degraded"] == "PodsUnschedulable", "the first cause reported stays"
+    up = {"status": {"availableReplicas": 1}}
+    assert with_router(conds, up, 1, waited_s=ROUTER_GRACE_S) == conds
+    assert with_router(conds, late, 0, waited_s=ROUTER_GRACE_S) == conds, "nothing said while no group serves"

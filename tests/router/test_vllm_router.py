@@ -19,7 +19,7 @@ from flashserve_testbed.router.vllm_router import (
     free_port,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(150)
 
 SYSTEM = "You are a coding agent working in a large repository. " * 40
 
@@ -155,3 +155,66 @@ def test_options_refuse_what_would_leave_loopback_or_not_run(kw, field):
     with pytest.raises(RouterOptionsError) as e:
         RouterOptions(**{**base, **kw})
     assert str(e.value).startswith(field + ":")
+
+
+def test_the_router_reads_its_kubeconfigs_token_file_again_so_a_refreshed_token_is_used(tmp_path, vllm_router_bin):
+    """The mock runtime refreshes a router pod's token by rewriting the file its kubeconfig names (tokenFile):
+    that works only because kube-client re-reads it (at least once a minute), which this checks on the binary,
+    against a stand-in API server on 127.0.0.1 that records each request's bearer token."""
+    import subprocess
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from flashserve_testbed.runtime.credentials import kubeconfig, write_private
+
+    seen: list[str] = []
+
+    class API(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization") or "")
+            # An empty pod list, and a watch that ends after a moment, so the router asks again and again.
+            if "watch=" in self.path:
+                time.sleep(2)
+                body = b""
+            else:
+                body = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+                                   "items": []}).encode()  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), API)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "router.kubeconfig.token"
+    write_private(token, "first-token")
+    config = tmp_path / "router.kubeconfig"
+    doc = kubeconfig(f"http://127.0.0.1:{server.server_port}", None, str(token), "ns", "system:serviceaccount:ns:r")
+    write_private(config, json.dumps(doc))
+    args = [str(vllm_router_bin), "--host", "127.0.0.1", "--port", str(free_port()), "--policy", "round_robin",
+            "--service-discovery", "--selector", "a=b", "--service-discovery-namespace", "ns",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(config), "HOME": str(tmp_path)}
+    with open(tmp_path / "router.log", "wb") as log:
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while "Bearer first-token" not in seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "Bearer first-token" in seen, (tmp_path / "router.log").read_text()[-2000:]
+        write_private(token, "second-token")  # atomically, as the runtime's refresh does
+        deadline = time.monotonic() + 80  # kube-client reloads a token file at least once a minute
+        while "Bearer second-token" not in seen and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "Bearer second-token" in seen, "the router kept the first token: a refresh would not reach it"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        server.shutdown()

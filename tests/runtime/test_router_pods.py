@@ -7,6 +7,8 @@ import asyncio
 import os
 import stat
 import sys
+import types
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -194,7 +196,10 @@ def test_runtime_refuses_a_router_while_a_hostnetwork_pod_has_a_172_16_address_t
             assert api.token_requests == [f"/api/v1/namespaces/{NS}/serviceaccounts/flash-router/token"]
             doc = yaml.safe_load(Path(kubeconfig_path).read_text())
             assert stat.S_IMODE(os.stat(kubeconfig_path).st_mode) == 0o600
-            assert doc["users"][0]["user"] == {"token": "sa-token-123"}  # no client certificate
+            token_file = doc["users"][0]["user"]["tokenFile"]
+            assert doc["users"][0]["user"] == {"tokenFile": token_file}  # no client certificate, no inline token
+            assert Path(token_file).read_text() == "sa-token-123"
+            assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
             assert doc["clusters"][0]["cluster"]["server"] == FakeAPI.host
             assert doc["contexts"][0]["context"]["namespace"] == NS
 
@@ -206,7 +211,7 @@ def test_runtime_refuses_a_router_while_a_hostnetwork_pod_has_a_172_16_address_t
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        assert not Path(kubeconfig_path).exists(), "the token goes with the runtime"
+        assert not Path(kubeconfig_path).exists() and not Path(token_file).exists(), "the token goes with the runtime"
 
     asyncio.run(scenario())
 
@@ -226,3 +231,48 @@ def test_the_harness_reaches_a_serving_at_a_ready_router_pod_ip():
     assert asked == [router_selector("flash")]
     with pytest.raises(TimeoutError, match="no Ready router pod of serving 'flash'"):
         wait_router_url(lambda sel: [unready], "flash", timeout=0.1, interval=0.05)
+
+
+def test_a_token_is_requested_again_at_80_percent_of_the_lifetime_the_api_server_gave_it():
+    t0 = 1_800_000_000.0
+    stamp = datetime.fromtimestamp(t0 + 1000, timezone.utc).isoformat().replace("+00:00", "Z")
+    assert credentials.refresh_due(t0, {"status": {"expirationTimestamp": stamp}}) == pytest.approx(t0 + 800)
+    assert credentials.refresh_due(t0, {"status": {}}) == t0 + 0.8 * credentials.TOKEN_SECONDS
+    assert credentials.refresh_due(t0, {"status": {"expirationTimestamp": "soon"}}) == t0 + 2880
+
+
+def test_the_runtime_rewrites_a_running_routers_token_file_when_it_is_due_and_retries_a_failure(tmp_path):
+    class TokenAPI:
+        host, answers = "https://127.0.0.1:6443", []
+
+        def ca_pem(self):
+            return None
+
+        async def post(self, path, body, timeout=30):
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return {"status": {"token": answer}}
+
+    api = TokenAPI()
+    runtime = Runtime(api, RuntimeSettings(launch=LaunchSettings(engine_bin="/x"), log_dir=tmp_path / "logs"))
+    path = tmp_path / "r.kubeconfig"
+    pod = router_pod()
+    api.answers = ["t1"]
+    due = asyncio.run(credentials.write_pod_kubeconfig(api, pod, path))
+    kubeconfig_text = path.read_text()
+    engine = types.SimpleNamespace(key=pod["metadata"]["uid"], pod=pod, namespace=NS, name="r",
+                                   launch=types.SimpleNamespace(kind="router", kubeconfig=str(path)))  # fmt: skip
+    runtime.engines[engine.key] = engine
+    runtime.token_due[engine.key] = due
+    asyncio.run(runtime.refresh_tokens(now=due - 1))
+    assert credentials.token_path(path).read_text() == "t1", "not due yet"
+    api.answers = [OSError("connection refused"), "t2"]
+    asyncio.run(runtime.refresh_tokens(now=due))
+    assert credentials.token_path(path).read_text() == "t1" and runtime.token_due[engine.key] == due, "retried"
+    asyncio.run(runtime.refresh_tokens(now=due + 1))
+    assert credentials.token_path(path).read_text() == "t2" and runtime.token_due[engine.key] > due
+    assert path.read_text() == kubeconfig_text, "the kubeconfig stays: the router re-reads only the token file"
+    runtime.engines.clear()
+    asyncio.run(runtime.refresh_tokens())
+    assert runtime.token_due == {}, "a gone router's entry goes"

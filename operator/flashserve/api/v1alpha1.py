@@ -540,6 +540,12 @@ class RoutingSpec(_Model):
     """Port of the router's Prometheus /metrics inside its pods; must differ from port."""
     inference_pool: InferencePoolSpec = Field(default_factory=InferencePoolSpec)
     """A Gateway API InferencePool over the engines, for an inference gateway (independent of the router)."""
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=MAX_LIST)
+    """Node labels the router pods require. The router needs no GPU: unset, its pods land wherever the
+    scheduler puts them (which may be a GPU node with room for a small pod); set it to pin them to a CPU pool."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
+    """Tolerations of the router pods, for a CPU pool behind a taint. Empty by default: unlike the engines, the
+    router does not tolerate the GPU-node taint, so it stays off tainted GPU nodes."""
 
     def renders_prompts(self) -> bool:
         """Whether the router asks the engines to render prompts, so they need --enable-scale-out."""
@@ -636,17 +642,16 @@ class DrainingGroup(_Model):
     """Index of the replica group that is draining."""
     since: str = Field(max_length=64)
     """When its pods were taken out of routing (RFC 3339, UTC)."""
-    reason: Literal["ScaleDown", "Rollout"]
+    reason: Literal["ScaleDown", "Rollout", "Rename"]
     """ScaleDown: the group is beyond the desired count (also the extra group of a one-group rollout once the
-    replaced group is ready); Rollout: its pods are about to be replaced by the new template."""
-    requests_in_flight: int | None = None
-    """Running plus waiting requests its engines reported at the last look; unset while no engine could be
-    read (not yet, or it did not answer)."""
+    replaced group is ready); Rollout: its pods are about to be replaced by the new template; Rename: a copy of
+    the group under a name an earlier operator version gave it, deleted once drained (the copy under the
+    current name serves)."""
 
 
 class EndedDrain(_Model):
     group: int
-    reason: Literal["ScaleDown", "Rollout"]
+    reason: Literal["ScaleDown", "Rollout", "Rename"]
     ended_by: Literal["Idle", "Timeout"]
     """Idle: every engine of the group reported no running or waiting request; Timeout: rollout.drainSeconds
     passed first, and the group went with the requests it still had."""
@@ -706,12 +711,23 @@ class StartupStatus(_Model):
     """Kernel-cache keys a start-up has completed with: a later group of the same key starts warm."""
 
 
+class RouterStatus(_Model):
+    replicas: int = 0
+    """Router pods the router Deployment has (its status.replicas)."""
+    ready_replicas: int = 0
+    """Router pods that pass their readiness probe, which they do once they have found a healthy engine."""
+    available_replicas: int = 0
+    """Router pods ready for the Deployment's minReadySeconds. The client Service points at the router only
+    while this is at least 1; at 0 it points at the engines that take traffic directly (no session affinity)."""
+
+
 class DeepSeekServingStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = None
     """Replica groups that exist."""
     ready_replicas: int | None = None
-    """Groups whose pods are all ready."""
+    """Groups that take new requests: every pod ready and in routing. A group drained before its pods are
+    replaced is not counted; during a one-group rollout the surge group counts for the group it stands in for."""
     updated_replicas: int | None = None
     """Groups running the current pod template."""
     desired_replicas: int | None = None
@@ -732,6 +748,8 @@ class DeepSeekServingStatus(_Model):
     startup: StartupStatus | None = None
     """Start-ups of replica groups, per phase, from the API's own timestamps (written only when one
     completes)."""
+    router: RouterStatus | None = None
+    """The router Deployment's pods, while spec.routing.enabled."""
     conditions: list[Condition] | None = Field(None, max_length=MAX_LIST)
 
 

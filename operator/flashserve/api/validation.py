@@ -200,6 +200,14 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
     for key in place.node_selector:
         if message := kubevalues.prefix_error(key):
             errs.append(FieldError(f"spec.placement.nodeSelector[{key[:40]!r}]", message))
+    routing = spec.routing
+    for i, tol in enumerate(routing.tolerations):
+        for field, message in kubevalues.toleration_errors(tol.key, tol.operator, tol.value, tol.effect,
+                                                           tol.toleration_seconds):  # fmt: skip
+            errs.append(FieldError(f"spec.routing.tolerations[{i}].{field}", message))
+    for key in routing.node_selector:
+        if message := kubevalues.prefix_error(key):
+            errs.append(FieldError(f"spec.routing.nodeSelector[{key[:40]!r}]", message))
     if message := kubevalues.prefix_error(place.nvlink_domain.topology_key):
         errs.append(FieldError("spec.placement.nvlinkDomain.topologyKey", message))
     for i, message in extra_args_errors(eng.extra_args):

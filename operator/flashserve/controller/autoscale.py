@@ -65,8 +65,11 @@ def _round(v: float | None, digits: int = 1) -> float | None:
 
 
 def replica_counts(obj: DeepSeekServing, observed: Observed) -> ReplicaCounts:
-    """The groups below spec.replicas as the policy counts them."""
-    groups = [GroupReadiness(g.exists, g.ready, g.unschedulable > 0) for g in group_states(obj, observed)]
+    """The groups below spec.replicas as the policy counts them. Ready is what status' readyReplicas counts:
+    taking new requests (GroupState.serving). A group drained before its pods are replaced is not (its
+    requests went to the others, which the load per ready group must reflect): it counts as starting, since
+    it comes back on the new template."""
+    groups = [GroupReadiness(g.exists, g.serving, g.unschedulable > 0) for g in group_states(obj, observed)]
     return count_replicas(obj.spec.replicas, groups)
 
 

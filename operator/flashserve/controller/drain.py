@@ -31,6 +31,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SCALE_DOWN = "ScaleDown"
 ROLLOUT = "Rollout"
+RENAME = "Rename"  # an old-named copy of a group, once the copy under its current name serves
 IDLE = "Idle"
 TIMEOUT = "Timeout"
 
@@ -38,17 +39,17 @@ TIMEOUT = "Timeout"
 @dataclass(frozen=True)
 class Drain:
     group: int
-    reason: str  # SCALE_DOWN or ROLLOUT
+    reason: str  # SCALE_DOWN, ROLLOUT or RENAME
     since: float  # seconds since the epoch: when the first pod was taken out of routing
     in_flight: int | None  # running + waiting requests over the engines that answered; None: none answered
     ended_by: str | None = None  # IDLE or TIMEOUT when the drain ended in this plan
     ended_at: float = 0.0
 
     def status(self) -> dict:
-        out = {"group": self.group, "since": iso_at(self.since), "reason": self.reason}
-        if self.in_flight is not None:
-            out["requestsInFlight"] = self.in_flight
-        return out
+        """status.drainingGroups' entry: what changes only when the drain starts or ends. The requests still in
+        flight change at every poll (DRAIN_POLL_S) and would rewrite status with them: they are a metric
+        (flashserve_drain_requests_in_flight), and in lastDrains once the drain ends."""
+        return {"group": self.group, "since": iso_at(self.since), "reason": self.reason}
 
     def ended(self) -> dict:
         out = {"group": self.group, "reason": self.reason, "endedBy": self.ended_by,

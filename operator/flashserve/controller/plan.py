@@ -9,8 +9,9 @@ Rules:
   waiting on it would deadlock the rollout.
 - A group still under the name an earlier version gave it (naming.legacy_*) moves to its current name the
   way a rollout moves: at most rollout.maxUnavailable groups at a time, the group under the current name is
-  created beside the old one, and the old one (StatefulSet, headless Service, ComputeDomain) is deleted only
-  once the new one is ready. Shared objects under old names go once no old group is left.
+  created beside the old one, and the old one (StatefulSet, headless Service, ComputeDomain) is drained once
+  the new one is ready and in routing, and deleted once drained. Shared objects under old names go once no old
+  group is left.
 - The observed children are the serving's own (observe.owned): another object's children are never planned.
 - A group is drained before it goes (controller/drain.py): its pods are taken out of routing, and its
   StatefulSet is deleted (scale-down) or its pods are replaced (rollout) only once its engines are idle or
@@ -27,10 +28,10 @@ reconciler runs it in a worker thread so that the event loop never waits on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flashserve.api.v1alpha1 import DeepSeekServing
-from flashserve.controller.drain import ROLLOUT, SCALE_DOWN, Drain, DrainStep, drain_step
+from flashserve.controller.drain import RENAME, ROLLOUT, SCALE_DOWN, Drain, DrainStep, drain_step
 from flashserve.controller.observe import Observed, PodView, is_subset, statefulset_of
 from flashserve.facts.layout import layout
 from flashserve.render.cache import CACHE, RenderCache, spec_digest
@@ -61,6 +62,10 @@ class GroupState:
     unschedulable: int  # pods the scheduler could not place
     pending: int  # pods not yet running (scheduled or not)
     migrating: bool = False  # also exists under an earlier name, which serves until this one is ready
+    # Ready and in routing: it takes new requests (a ready group drained before its pods are replaced does not),
+    # under its current name, an earlier one, or (group 0 in a one-group rollout) through the surge group.
+    # What status' readyReplicas and the autoscaler count.
+    serving: bool = False
 
 
 @dataclass
@@ -123,6 +128,7 @@ def _group_state(index: int, sts: dict | None, pods: list[PodView], nodes: int, 
         ready=ready,
         unschedulable=sum(p.unschedulable for p in live),
         pending=sum(p.phase == "Pending" for p in live),
+        serving=ready and not _out_of_routing(live),
     )
 
 
@@ -195,15 +201,36 @@ def _combined(own: GroupState, old: list[dict], gs: _Groups, nodes: int, current
         unschedulable=own.unschedulable + sum(o.unschedulable for o in olds),
         pending=own.pending + sum(o.pending for o in olds),
         migrating=True,
+        serving=any(o.serving for o in olds),
     )
 
 
+def _stand_in(states: list[GroupState], surge: GroupState | None) -> list[GroupState]:
+    """Group 0 of a one-group rollout serves through the surge group while that one is ready and in routing:
+    the serving still takes requests on one group while group 0 drains and is replaced."""
+    if surge is None or not surge.serving or not states or states[0].serving:
+        return states
+    return [replace(states[0], serving=True), *states[1:]]
+
+
 def group_states(obj: DeepSeekServing, observed: Observed, replicas: int | None = None) -> list[GroupState]:
-    """State of groups 0..replicas-1 (default spec.replicas) as observed."""
+    """State of groups 0..replicas-1 (default spec.replicas) as observed, as plan() reports them."""
     desired = obj.spec.replicas if replicas is None else replicas
     gs = _groups(obj.metadata["name"], observed)
     nodes, current = layout(obj.spec).nodes, template_hash(obj.spec)
-    return [_combined(g, gs.old.get(g.index, []), gs, nodes, current) for g in _own_states(obj, gs, desired)]
+    own = _own_states(obj, gs, desired)
+    states = [_combined(g, gs.old.get(g.index, []), gs, nodes, current) for g in own]
+    return _stand_in(states, _surge_state(obj, gs, own, desired, nodes, current)[1])
+
+
+def _surge_state(obj: DeepSeekServing, gs: _Groups, own: list[GroupState], desired: int, nodes: int,
+                 current: str) -> tuple[tuple[int | None, bool], GroupState | None]:  # fmt: skip
+    """_surge_index's answer, and the surge group's state when there is one."""
+    surge, hold0 = _surge_index(obj, gs, own, desired, current)
+    if surge is None:
+        return (None, hold0), None
+    sts = gs.current.get(surge)
+    return (surge, hold0), _group_state(surge, sts, gs.pods_of(sts), nodes, current)
 
 
 def _compute_domains_of(name: str, sts: dict) -> list[str]:
@@ -309,10 +336,8 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
         1 for g in own if g.ready and _out_of_routing(gs.pods_of(gs.current.get(g.index)))
     )
     budget = spec.rollout.max_unavailable
-    surge, hold0 = _surge_index(obj, gs, own, desired, current)
+    (surge, hold0), surge_state = _surge_state(obj, gs, own, desired, nodes, current)
     out.surge = surge
-    surge_state = (_group_state(surge, gs.current.get(surge), gs.pods_of(gs.current.get(surge)), nodes, current)
-                   if surge is not None else None)  # fmt: skip
     in_drain: set[str] = set()  # pods whose group drains (or goes) in this plan: not put back into routing
     # Groups whose move to the current name is under way: the new copy exists and is not ready yet.
     moving = sum(1 for g in own if g.exists and not g.ready and gs.old.get(g.index))
@@ -371,21 +396,26 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
                 in_drain.update(p.name for p in stale)
                 if out.step(drain_step(g.index, ROLLOUT, stale, spec, observed)):
                     out.delete_pods += [p.name for p in stale]
-        if sts is not None and old and g.ready and g.index not in out.rolling:
-            # The current copy serves: the old one and its headless Service and ComputeDomain go.
-            out.migrated.append(g.index)
-            for o in old:
-                out.delete.append(("StatefulSet", o["metadata"]["name"]))
-                removed_old.add(o["metadata"]["name"])
-                out.delete += [("ComputeDomain", cd) for cd in _compute_domains_of(name, o)]
-            out.delete += [("Service", n) for n in _old_group_services(name, observed, g.index)]
+        draining_now = {d.group for d in out.draining + out.drained}
+        if sts is not None and old and g.serving and g.index not in out.rolling and g.index not in draining_now:
+            # The current copy serves: the old one is drained like any group that goes, then it and its headless
+            # Service and ComputeDomain go.
+            old_pods = [p for o in old for p in gs.pods_of(o) if not p.terminating]
+            in_drain.update(p.name for p in old_pods)
+            if out.step(drain_step(g.index, RENAME, old_pods, spec, observed)):
+                out.migrated.append(g.index)
+                for o in old:
+                    out.delete.append(("StatefulSet", o["metadata"]["name"]))
+                    removed_old.add(o["metadata"]["name"])
+                    out.delete += [("ComputeDomain", cd) for cd in _compute_domains_of(name, o)]
+                out.delete += [("Service", n) for n in _old_group_services(name, observed, g.index)]
         for o in objs:
             live = _live(observed, o)
             if _needs_apply(o, live):
                 out.apply.append(o)
                 if live is not None and g.index not in out.rolling:
                     out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
-    out.groups = states
+    out.groups = _stand_in(states, surge_state)
 
     if surge is not None:
         # The surge group: made (or kept in shape) on the current template like any group.

@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
 from flashserve.api.validation import SpecError, parse_spec
-from flashserve.controller.drain import SCALE_DOWN, drain_targets, engine_address
+from flashserve.controller.drain import RENAME, SCALE_DOWN, drain_targets, engine_address
 from flashserve.controller.engine_metrics import EngineMetrics
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import (
@@ -33,6 +33,7 @@ from flashserve.controller.observe import (
 )
 from flashserve.controller.plan import Plan, plan
 from flashserve.controller.startup_phases import StartupTracker
+from flashserve.controller.router_status import ROUTER_GRACE_S, router_status, with_router
 from flashserve.controller.status import (
     Cond,
     group_conditions,
@@ -51,6 +52,7 @@ from flashserve.render.naming import (
     ROUTING_DRAIN,
     ROUTING_SERVE,
     SERVING_LABEL,
+    router_name,
     serving_label_value,
 )
 from flashserve.render.renderer import OPERATOR_NAMESPACE, endpoint, selector_string
@@ -162,6 +164,10 @@ class Controller:
         if self.engines is None:
             self.engines = EngineMetrics()
         self._draining: set[tuple[str, str]] = set()  # servings with a drain in progress
+        # Since when (monotonic) a serving's groups have served with no router pod available
+        self._routerless: dict[tuple[str, str], float] = {}
+        # The drains in progress per serving as the last reconcile saw them, for the in-flight gauge (metrics.py)
+        self.drains: dict[tuple[str, str], list] = {}
         self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
         self._status: dict[tuple[str, str], dict] = {}  # the status this operator last wrote, per serving
         self._uncreated: dict[tuple[str, str], set[str]] = {}  # "Kind/name" the API server refused to create
@@ -178,6 +184,8 @@ class Controller:
         self._refusals.pop((namespace, name), None)
         self._draining.discard((namespace, name))
         self.startups.forget(namespace, name)
+        self.drains.pop((namespace, name), None)
+        self._routerless.pop((namespace, name), None)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -225,10 +233,20 @@ class Controller:
         if len(self._recent) > 10000:  # forget old entries so memory stays flat
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
+    def _without_router(self, key: tuple[str, str], now_without: bool) -> float:
+        """Seconds the serving's groups have served with no router pod available (0 when they do not now)."""
+        if not now_without:
+            self._routerless.pop(key, None)
+            return 0.0
+        return time.monotonic() - self._routerless.setdefault(key, time.monotonic())
+
     def next_evaluation_in(self, body: dict) -> float:
         base = self.resync_seconds if self.autoscaler is None else self.autoscaler.next_evaluation_in(body)
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         check = self._next_refusal_check(key)
+        left = self._routerless.get(key, -ROUTER_GRACE_S) + ROUTER_GRACE_S - time.monotonic()
+        if left > 0:  # look again when the grace ends, to report the router down on time
+            check = left + 0.1 if check is None else min(check, left + 0.1)
         if key in self._draining:
             check = DRAIN_POLL_S if check is None else min(check, DRAIN_POLL_S)
         return base if check is None else min(base, check)
@@ -340,8 +358,10 @@ class Controller:
         p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace)
         if p.draining:
             self._draining.add((namespace, name))
+            self.drains[(namespace, name)] = list(p.draining)
         else:
             self._draining.discard((namespace, name))
+            self.drains.pop((namespace, name), None)
         self._skip_repeats(namespace, p, digests, mine)
         if not p.writes:  # nothing left to do (or only what was done moments ago): nothing happened now
             _drop_unmade_drains(p, set(), mine)
@@ -366,7 +386,13 @@ class Controller:
         counts = group_counts(p.groups)
         extra_groups = len(p.deleted_groups) + sum(d.reason == SCALE_DOWN for d in p.draining)
         refused = await self._pods_refused(namespace, name, mine)
-        conds = group_conditions(p.groups, spec.replicas, extra_groups, refused) + extra_conds
+        conds = group_conditions(p.groups, spec.replicas, extra_groups, refused)
+        router = mine.deployments.get(router_name(name))
+        waited = self._without_router((namespace, name), spec.routing.enabled and counts["readyReplicas"] > 0
+                                      and router_status(router)["availableReplicas"] == 0)  # fmt: skip
+        if spec.routing.enabled:
+            conds = with_router(conds, router, counts["readyReplicas"], waited)
+        conds += extra_conds
         if p.surge_unschedulable and not any(c.type == "Degraded" and c.status == "True" for c in conds):
             conds = [c for c in conds if c.type != "Degraded"] + [surge_unschedulable_condition(p.surge)]
         if outcome.failed or outcome.refused:
@@ -382,6 +408,8 @@ class Controller:
         # Written while groups drain, and cleared once (only then: a steady serving's status does not change).
         if p.draining or status.get("drainingGroups"):
             new_status["drainingGroups"] = [d.status() for d in p.draining] or None
+        if spec.routing.enabled or status.get("router"):
+            new_status["router"] = router_status(router) if spec.routing.enabled else None
         if p.drained:
             new_status["lastDrains"] = [d.ended() for d in p.drained]
         if self.autoscaler is not None and spec.autoscaling.enabled:
@@ -503,7 +531,8 @@ class Controller:
             kopf.event(body, type="Normal", reason="GroupsCreated", message=f"created replica groups {created}")
         for g in p.drain_started:
             d = next((d for d in p.draining + p.drained if d.group == g), None)
-            why = "beyond the desired count" if d is not None and d.reason == SCALE_DOWN else "its pods are replaced next"
+            why = {SCALE_DOWN: "beyond the desired count", RENAME: "an old-named copy: the copy under its current "
+                   "name serves"}.get(d.reason if d is not None else "", "its pods are replaced next")  # fmt: skip
             kopf.event(body, type="Normal", reason="DrainStarted",
                        message=f"group {g} taken out of routing ({why}): it goes once its engines are idle, at "
                        f"most {drain_seconds} s after it started")  # fmt: skip

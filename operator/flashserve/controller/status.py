@@ -79,7 +79,7 @@ def group_conditions(groups: list[GroupState], desired: int, extra_groups: int,
                      refused: list[tuple[int, str, str]] = ()) -> list[Cond]:  # fmt: skip
     """Ready, Progressing and Degraded from the groups' states; `refused` holds (group, StatefulSet, the API
     server's message) for each StatefulSet whose pods the API server refuses to create."""
-    ready = sum(g.ready for g in groups)
+    ready = sum(g.serving for g in groups)  # a ready group drained for its replacement serves no one
     updated = sum(g.updated and g.ready for g in groups)
     unschedulable = [g.index for g in groups if g.unschedulable]
     conds = []
@@ -150,7 +150,7 @@ def _ids(indices: list[int]) -> str:
 def group_counts(groups: list[GroupState]) -> dict[str, int]:
     return {
         "replicas": sum(g.exists for g in groups),
-        "readyReplicas": sum(g.ready for g in groups),
+        "readyReplicas": sum(g.serving for g in groups),
         "updatedReplicas": sum(g.updated for g in groups),
     }
 

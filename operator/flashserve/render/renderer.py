@@ -395,6 +395,8 @@ def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
         },
         "liveness_path": router_facts.LIVENESS_PATH,
         "readiness_path": router_facts.READINESS_PATH,
+        "router_node_selector": dict(routing.node_selector),
+        "router_tolerations": [t.dump() for t in routing.tolerations],
     }
 
 

@@ -17,7 +17,7 @@ from typing import Awaitable, Callable, Protocol
 
 import aiohttp
 
-from flashserve_testbed.runtime import status
+from flashserve_testbed.runtime import credentials, status
 from flashserve_testbed.runtime.launch import Launch
 
 log = logging.getLogger("flashserve_testbed.runtime")
@@ -151,6 +151,7 @@ class PodEngine:
         self.state = "stopped"
         if self.launch.kubeconfig:
             Path(self.launch.kubeconfig).unlink(missing_ok=True)  # a token of a pod that is gone
+            credentials.token_path(Path(self.launch.kubeconfig)).unlink(missing_ok=True)
         self.hooks.changed(self)
 
     # ------------------------------------------------------------------ the loop

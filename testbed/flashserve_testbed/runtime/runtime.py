@@ -93,6 +93,8 @@ class Runtime:
         self.claim_scopes: dict[str, str] = {}  # namespace/claim -> scope, read once per claim
         self.startup_pods: dict[str, asyncio.TimerHandle | None] = {}  # prefetch/pre-pull pod uid -> its fill timer
         self._startup_watch: asyncio.Task | None = None
+        # Router pods' tokens: pod uid -> when (time.time()) to request the next (credentials.REFRESH_AT)
+        self.token_due: dict[str, float] = {}
 
     # ------------------------------------------------------------------ hooks for PodEngine
     async def patch(self, namespace: str, name: str, body: dict) -> dict | None:
@@ -321,7 +323,7 @@ class Runtime:
             except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 raise StartRefused(f"cannot check the cluster's addresses: {e}") from None
             try:
-                await credentials.write_pod_kubeconfig(self.api, pod, path)
+                self.token_due[meta["uid"]] = await credentials.write_pod_kubeconfig(self.api, pod, path)
             except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError) as e:
                 raise StartRefused(f"no token for ServiceAccount "
                                    f"{(pod.get('spec') or {}).get('serviceAccountName') or 'default'}: {e}") from None
@@ -348,6 +350,31 @@ class Runtime:
                             pass
             except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
                 log.warning("loopback guard: %s", e)
+
+    async def refresh_tokens(self, now: float | None = None) -> None:
+        """Request a new token for each running router pod whose token is due, and rewrite its token file: the
+        router reads it again within a minute (credentials). A failed request is retried at the next call; the
+        old token serves until it expires."""
+        now = time.time() if now is None else now
+        routers = {e.key: e for e in self.engines.values() if e.launch.kind == "router" and e.launch.kubeconfig}
+        for uid in [u for u in self.token_due if u not in routers]:
+            del self.token_due[uid]
+        for uid, engine in routers.items():
+            due = self.token_due.get(uid)
+            if due is None or now < due:
+                continue
+            try:
+                self.token_due[uid] = await credentials.write_pod_token(self.api, engine.pod,
+                                                                        Path(engine.launch.kubeconfig))  # fmt: skip
+                log.info("%s/%s: service account token refreshed", engine.namespace, engine.name)
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError) as e:
+                log.warning("%s/%s: refreshing the service account token failed (retried): %s", engine.namespace,
+                            engine.name, e)  # fmt: skip
+
+    async def token_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.guard_interval)
+            await self.refresh_tokens()
 
     def _start(self, pod: dict, node: dict) -> None:
         meta = pod["metadata"]
@@ -437,6 +464,7 @@ class Runtime:
             if self.settings.startup_model == startup.MODEL_CACHES and self.settings.launch.startup_seconds is None:
                 # from the start: a pool is often pre-warmed (prefetch, pre-pull) before any replica is placed
                 self._ensure_startup_watch()
+            tokens = asyncio.ensure_future(self.token_loop())
             try:
                 await self.watch_pods()
             finally:
@@ -446,6 +474,7 @@ class Runtime:
                 for handle in self.startup_pods.values():
                     if handle is not None:
                         handle.cancel()
+                tokens.cancel()
                 await self.shutdown()
 
     async def shutdown(self) -> None:
