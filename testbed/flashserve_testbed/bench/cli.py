@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from flashserve_testbed.bench.fleet import STARTUP_MODELS
     from flashserve_testbed.bench.policies import FAMILIES
     from flashserve_testbed.bench.routing import ROUTINGS
     from flashserve_testbed.bench.workloads import SCENARIOS
@@ -94,6 +95,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--startups", type=float, nargs="*", metavar="SECONDS",
                    help="median start-up times of the start-up sweep, run on every seed (default 30 120 1200 "
                    "besides the profile's)")
+    p.add_argument("--startup-model", choices=STARTUP_MODELS, default="lognormal",
+                   help="where replica start-ups come from: lognormal (default, the published tables: the profile's "
+                   "cold-only lognormal), or the start-up model by phase with cold (no cache), cached-node (a "
+                   "node-local weights cache and the kernel cache: a node that ran a replica starts the next one "
+                   "warm) or cached-shared (a shared weights claim and the kernel cache); the cold start-up is the "
+                   "run's median either way")
+    p.add_argument("--spec-startup", type=float, metavar="SECONDS",
+                   help="the replicaStartupSeconds FlashServe is given (and the tuned baselines are tuned for) "
+                   "whatever the runs' start-ups are (default: each run's median start-up)")
+    p.add_argument("--no-startup-learning", action="store_true",
+                   help="FlashServe keeps the spec's start-up time instead of learning it from the start-ups it "
+                   "sees complete")
     p.add_argument("--startup-policies", nargs="+", metavar="NAME", choices=FAMILIES,
                    help="families run in the start-up sweep (default flashserve hpa kpa)")
     p.add_argument("--minutes", type=float, help="override every scenario's duration (smoke tests)")
@@ -208,7 +221,8 @@ def autoscale(argv: list[str]) -> int:
     table = [s for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
                         all_ranks=args.all_ranks, decisions=bool(args.decision_log),
-                        engine=args.engine, routing=routings[0])  # fmt: skip
+                        engine=args.engine, routing=routings[0], startup_model=args.startup_model,
+                        learn_startup=not args.no_startup_learning, spec_startup_s=args.spec_startup)  # fmt: skip
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
                 timeline_scenario=scenarios[0].name, timeline_seed=seeds[0], bound=not args.no_bound)  # fmt: skip
     if not args.quick and not args.no_sweep:
@@ -289,7 +303,8 @@ def heldout(args, profile, progress) -> int:
         return 2
     t0 = time.monotonic()
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
-                        engine=args.engine)  # fmt: skip
+                        engine=args.engine, startup_model=args.startup_model,
+                        learn_startup=not args.no_startup_learning)  # fmt: skip
     if progress:
         progress(f"calibrating {profile.name}: steady-state load test of one engine ...")
     calib = calibrate(profile, args.sla, progress=progress)

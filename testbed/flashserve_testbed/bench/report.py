@@ -172,7 +172,8 @@ def read_csv(path: str | Path) -> list[Result]:
 
 def run_key(r: Result) -> tuple:
     """What identifies a run: the same key in a later file is a rerun of it."""
-    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s, r.routing)
+    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s, r.routing,
+            r.startup_model, r.startup_learning, r.spec_startup_s)
 
 
 def merge(*runs: list[Result]) -> list[Result]:
