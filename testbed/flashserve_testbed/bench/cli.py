@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="scenarios of the knob sweeps, on the first seed (default: the first scenario)")
     p.add_argument("--startups", type=float, nargs="*", metavar="SECONDS",
                    help="median start-up times of the start-up sweep, run on every seed (default 30 120 1200 "
-                   "besides the profile's)")
+                   "besides the profile's; runs with --no-sweep too when given; none: no start-up sweep)")
     p.add_argument("--startup-model", choices=STARTUP_MODELS, default="lognormal",
                    help="where replica start-ups come from: lognormal (default, the published tables: the profile's "
                    "cold-only lognormal), or the start-up model by phase with cold (no cache), cached-node (a "
@@ -229,6 +229,8 @@ def autoscale(argv: list[str]) -> int:
         plan.sweep = sweep_specs(families)
         plan.sweep_scenarios = args.sweep_scenarios or [scenarios[0].name]
         plan.sweep_seeds = [seeds[0]]
+    if not args.quick and (not args.no_sweep or args.startups):
+        # the start-up sweep: with the knob sweeps by default, and whenever --startups names start-ups
         startups = [30.0, 120.0, 1200.0] if args.startups is None else args.startups
         if startups:
             plan.startups = startups
@@ -265,6 +267,9 @@ def autoscale(argv: list[str]) -> int:
         if cmp_ and any(c is not None for _, c in cmp_):
             cells = ", ".join(f"{f} {c:.2f}" if c is not None else f"{f} never" for f, c in cmp_)
             print(f"{sc.name}: GPU-hours/oracle to match flashserve's attainment: {cells}")
+    sweep_table = report.startup_sweep_table(results)
+    if sweep_table:
+        print("\n" + sweep_table)
     if progress:
         progress(f"done in {(time.monotonic() - t0) / 60:.1f} min")
     out = Path(args.out) if args.out else None
@@ -422,6 +427,9 @@ def _write_markdown(path: Path, recs, results, scenarios, seeds, calib, settings
             cells = ", ".join(f"{f} {c:.2f}" if c is not None else f"{f} not reached" for f, c in cmp_)
             lines += ["", f"GPU-hours / oracle each family needs to match flashserve's attainment on the sweep's "
                           f"seed (its settings and knob sweep; 'not reached': none of them does): {cells}"]  # fmt: skip
+    sweep_table = report.startup_sweep_table(results)
+    if sweep_table:
+        lines += ["", "## Start-up sweep", "", sweep_table]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -476,6 +484,8 @@ def report_cmd(argv: list[str]) -> int:
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD)
     recs = report.records(results)
     print(report.text_table(recs))
+    if report.startup_sweep_table(results):
+        print("\n" + report.startup_sweep_table(results))
     out.mkdir(parents=True, exist_ok=True)
     report.write_json(recs, out / "results.json")
     report.write_csv(results, out / "results.csv")
@@ -498,7 +508,13 @@ def compare_cmd(argv: list[str]) -> int:
     p.add_argument("a", metavar="A.csv")
     p.add_argument("b", metavar="B.csv")
     p.add_argument("--plot", metavar="PNG", help="also draw A against B, run by run")
+    p.add_argument("--equal-attainment", metavar="FAMILY", nargs="?", const="flashserve",
+                   help="instead: per scenario both swept FAMILY's knobs on (default flashserve), the GPU-hours x "
+                   "oracle its settings need in A and in B to reach either default's attainment (e.g. the same "
+                   "runs under two --startup-model settings)")
     args = p.parse_args(argv)
+    if args.equal_attainment:
+        return _equal_attainment(args)
     try:
         pairs = report.paired(report.read_csv(args.a), report.read_csv(args.b))
     except FileNotFoundError as exc:
@@ -529,6 +545,37 @@ def compare_cmd(argv: list[str]) -> int:
             print("matplotlib missing: no plot (pip install flashserve[plot])", file=sys.stderr)
             return 0
         plots.agreement(pairs, Path(args.plot), Path(args.a).parent.name or args.a, Path(args.b).parent.name or args.b)
+    return 0
+
+
+def _equal_attainment(args) -> int:
+    from flashserve_testbed.bench import report
+
+    try:
+        a, b = report.read_csv(args.a), report.read_csv(args.b)
+    except FileNotFoundError as exc:
+        print(f"flashserve bench compare: {exc.filename}: no such file", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"flashserve bench compare: {exc}", file=sys.stderr)
+        return 2
+    rows = report.equal_attainment_between(a, b, args.equal_attainment)
+    if not rows:
+        print(f"flashserve bench compare: {args.a} and {args.b} share no scenario with {args.equal_attainment}'s "
+              "default and knob sweep in both (run them without --no-sweep)", file=sys.stderr)  # fmt: skip
+        return 2
+
+    def cell(x):
+        return "not reached" if x is None else f"{x:.2f}"
+
+    print(f"{args.equal_attainment}: A = {args.a}, B = {args.b}; attainment / GPU-h x oracle on the sweep's seed")
+    print("| scenario | A default | B default | at attainment | A needs | B needs | B / A |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        for t, ca, cb in r["at"]:
+            ratio = f"{cb / ca:.2f}" if ca and cb else "-"
+            print(f"| {r['scenario']} | {r['a_default'][0]:.1%} / {r['a_default'][1]:.2f} | "
+                  f"{r['b_default'][0]:.1%} / {r['b_default'][1]:.2f} | {t:.1%} | {cell(ca)} | {cell(cb)} | {ratio} |")
     return 0
 
 
