@@ -22,6 +22,8 @@ In short (docs/autoscaling.md has the long form):
   never below what the highest demand of the last four start-up times needed (peak.py: a burst shorter than
   a start-up is only served by replicas that are already there);
 * no fresh metrics, or no ready replica: hold (only min/max are enforced); pending pods: add nothing more.
+* the start-up time of every horizon above is learned from the serving's completed start-ups, per cache
+  state (startup.py); the spec's replicaStartupSeconds is its prior and the value until one is seen.
 
 This module holds the interface (config, inputs, state, decision), the blind path and the limits; steps.py
 the steps of a decision on a fresh reading.

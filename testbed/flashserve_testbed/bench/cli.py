@@ -4,9 +4,11 @@
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
                                [--scenario-file FILE.yaml ...]
                                [--routing service|affinity|router ...]
+                               [--startup-model lognormal|cold|cached-node|cached-shared]
+                               [--startups SECONDS ...] [--spec-startup SECONDS] [--no-startup-learning]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
-    flashserve bench compare A.csv B.csv [--plot PNG]
+    flashserve bench compare A.csv B.csv [--plot PNG | --equal-attainment [FAMILY]]
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
     flashserve bench trace OUT.jsonl [--minutes 60] [--sessions-per-s 0.5] [--seed 0]
 """
