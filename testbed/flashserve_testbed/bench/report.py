@@ -268,7 +268,9 @@ def agreement(pairs: list[tuple[Result, Result]], label: str) -> Agreement | Non
 
 def series_label(r: Result) -> str:
     """A policy's label in the start-up sweep: FlashServe with its start-up learning off is its own series."""
-    return r.policy if r.startup_learning == "on" or not r.policy.startswith("flashserve") else f"{r.policy} (learning off)"
+    if r.startup_learning == "on" or not r.policy.startswith("flashserve"):
+        return r.policy
+    return f"{r.policy} (learning off)"
 
 
 def startup_sweep(results: list[Result]) -> dict[str, dict[float, list[Result]]]:
@@ -279,7 +281,8 @@ def startup_sweep(results: list[Result]) -> dict[str, dict[float, list[Result]]]
         return {}
     scenario, seeds = runs[0].scenario, {r.seed for r in runs}
     swept = {r.policy for r in runs}
-    runs += [r for r in results if r.kind == "table" and r.policy in swept and r.scenario == scenario and r.seed in seeds]
+    runs += [r for r in results
+             if r.kind == "table" and r.policy in swept and r.scenario == scenario and r.seed in seeds]  # fmt: skip
     by: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         by[series_label(r)][r.startup_median_s or 0.0].append(r)
@@ -322,9 +325,9 @@ def startup_sweep_table(results: list[Result]) -> str:
 
 
 def equal_attainment_between(a: list[Result], b: list[Result], family: str = "flashserve") -> list[dict]:
-    """Per scenario `a` swept `family` on and `b` ran it too: each set's default (attainment, GPU-hours x oracle) and the
-    GPU-hours x oracle each set's settings need to reach the attainment of either default (interpolated
-    along each set's frontier; None: none of its settings reaches it)."""
+    """Per scenario `a` swept `family` on and `b` ran it too: each set's default (attainment, GPU-hours x
+    oracle) and the GPU-hours x oracle each set's settings need to reach the attainment of either default
+    (interpolated along each set's frontier; None: none of its settings reaches it)."""
     out = []
     for sc in dict.fromkeys(r.scenario for r in a if r.kind == "sweep"):
         ca, cb = curves(a, sc).get(family, []), curves(b, sc).get(family, [])
