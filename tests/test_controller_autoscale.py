@@ -98,3 +98,20 @@ def test_a_deleted_serving_leaves_no_series(prometheus, events):
     scaler.forget("team-a", "flash")
     series = [s for family in scaler.collect() for s in family.samples]
     assert not [s for s in series if s.labels.get("serving") == "flash"], "the decision counter is pruned too"
+
+
+def test_status_shows_the_learned_startup_from_the_persisted_state(prometheus, events):
+    url, fake = prometheus
+    scaler, kube = loopback_scaler(), RecordingKube()
+    body = body_for(url)
+    evaluate(scaler, body, ready_observed(2), kube)
+    assert "learnedStartupSeconds" not in scaler.status_fields(body), "nothing learned: nothing shown"
+    learned = {"startup": {"samples": {"cold": [1000.0], "warm": [150.0, 160.0, 170.0]},
+                           "recent": ["warm", "warm", "cold", "warm"]}}  # fmt: skip
+    body = body_for(url)
+    body["metadata"]["name"] = "flash-2"
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps(learned)}
+    evaluate(scaler, body, ready_observed(2), kube)
+    status = scaler.status_fields(body)
+    assert status["learnedStartupSeconds"] == 160.0
+    assert status["learnedStartupSecondsByCacheState"] == {"cold": 1000.0, "warm": 160.0}

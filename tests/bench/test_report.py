@@ -115,3 +115,35 @@ def test_compare_command_prints_the_agreement_and_refuses_disjoint_runs(tmp_path
     assert "no run in common" in capsys.readouterr().err
     assert main(["compare", str(a), str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv: no such file" in capsys.readouterr().err
+
+
+def test_startup_sweep_table_keeps_learning_off_apart_and_measures_the_rise():
+    runs = []
+    for seed in (1, 2, 3):
+        for s, on, off in ((30.0, 0.96, 0.99), (120.0, 0.94, 0.97), (900.0, 0.95, 0.90)):
+            runs.append(_run("flashserve", seed, on, 20.0, kind="startup", startup_median_s=s))
+            runs.append(_run("flashserve", seed, off, 20.0, kind="startup", startup_median_s=s,
+                             startup_learning="off"))  # fmt: skip
+    table = report.startup_sweep_table(runs)
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in table.splitlines() if line.startswith("| flash")}
+    assert set(rows) == {"flashserve", "flashserve (learning off)"}
+    assert rows["flashserve"].endswith("| 1.0 |")  # 94% at 2 min, 95% at 15 min: one point of rise
+    assert rows["flashserve (learning off)"].endswith("| 0.0 |")
+    assert report.monotonicity_gap([(30.0, 0.9), (60.0, 0.95), (90.0, 0.92)]) == pytest.approx(5.0)
+    # the table's records keep them apart too
+    assert {r["policy"] for r in report.records([replace(r, kind="table") for r in runs])} == set(rows)
+
+
+def test_equal_attainment_between_two_sets_of_sweeps():
+    def sweep(cost_of):  # default at 0.90 and two knob settings around it
+        return [_run("flashserve", 1, 0.90, cost_of(0.90)),
+                _run("flashserve@u=0.9", 1, 0.95, cost_of(0.95), kind="sweep"),
+                _run("flashserve@u=1.15", 1, 0.85, cost_of(0.85), kind="sweep")]  # fmt: skip
+
+    a = sweep(lambda att: 10.0 + 100.0 * (att - 0.8))  # GPU-hours
+    b = sweep(lambda att: 5.0 + 50.0 * (att - 0.8))  # half of it
+    (row,) = report.equal_attainment_between(a, b)
+    assert row["scenario"] == "flash-crowd"
+    ((t, ca, cb),) = row["at"]  # both defaults at 0.90: one target
+    assert t == 0.9 and cb / ca == pytest.approx(0.5)
+    assert report.equal_attainment_between(a, [replace(r, policy="hpa") for r in b]) == []  # no flashserve in B

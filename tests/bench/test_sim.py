@@ -186,3 +186,19 @@ def test_startup_sweep_runs_on_every_seed(tiny):
     sweep = [(t.seed, t.settings.startup_median_s, t.label) for t in plan.tasks() if t.kind == "startup"]
     assert sorted({seed for seed, _, _ in sweep}) == [1, 2, 3]
     assert len(sweep) == 3 * 2 * 3  # seeds x start-ups x (oracle + bound + hpa)
+
+
+def test_cli_startup_sweep_runs_on_every_seed_with_no_sweep(tmp_path):
+    # --no-sweep skips the knob sweeps only: start-ups named with --startups are swept, on every seed given
+    trace = _aiperf_trace(tmp_path / "agentic.jsonl.gz", sessions=20)
+    out = tmp_path / "r.csv"
+    rc = cli.main(["autoscale", "--trace", str(trace), "--scenarios", "none", "--policies", "hpa", "--no-tuned",
+                   "--no-sweep", "--no-bound", "--startups", "60", "--seeds", "1", "2", "--minutes", "1",
+                   "--startup-model", "cached-node", "--csv", str(out), "--quiet", "--no-plots"])  # fmt: skip
+    assert rc == 0
+    from flashserve_testbed.bench.report import read_csv
+
+    runs = read_csv(out)
+    sweep = [(r.seed, r.policy) for r in runs if r.kind == "startup" and r.startup_median_s == 60.0]
+    assert sorted(sweep) == [(1, "hpa"), (1, "oracle"), (2, "hpa"), (2, "oracle")]
+    assert {r.startup_model for r in runs} == {"cached-node"}

@@ -741,6 +741,11 @@ class DeepSeekServingStatus(_Model):
     last_scaling: ScalingEvent | None = None
     learned_capacity: float | None = None
     """Learned concurrent users one replica serves at the SLA."""
+    learned_startup_seconds: float | None = None
+    """Start-up time the autoscaler's horizons use, learned from the serving's completed group start-ups
+    (spec.autoscaling.replicaStartupSeconds is its prior); unset while none was seen."""
+    learned_startup_seconds_by_cache_state: dict[str, float] | None = Field(None, max_length=3)
+    """Learned start-up seconds per cache state seen (cold, weights-cached, warm)."""
     draining_groups: list[DrainingGroup] | None = Field(None, max_length=MAX_GROUPS + 1)
     """Replica groups taken out of routing that wait for their requests to finish before they go."""
     last_drains: list[EndedDrain] | None = Field(None, max_length=MAX_GROUPS + 1)

@@ -22,6 +22,8 @@ In short (docs/autoscaling.md has the long form):
   never below what the highest demand of the last four start-up times needed (peak.py: a burst shorter than
   a start-up is only served by replicas that are already there);
 * no fresh metrics, or no ready replica: hold (only min/max are enforced); pending pods: add nothing more.
+* the start-up time of every horizon above is learned from the serving's completed start-ups, per cache
+  state (startup.py); the spec's replicaStartupSeconds is its prior and the value until one is seen.
 
 This module holds the interface (config, inputs, state, decision), the blind path and the limits; steps.py
 the steps of a decision on a fresh reading.
@@ -59,6 +61,7 @@ from flashserve.autoscaling.reasons import (
 )
 from flashserve.autoscaling.replicas import ReplicaCounts
 from flashserve.autoscaling.snapshot import MetricsSnapshot
+from flashserve.autoscaling.startup import StartupLearner, StartupSample
 from flashserve.autoscaling.steps import Outcome, decide_on_metrics, rounded
 from flashserve.autoscaling.trend import DemandTrend
 
@@ -125,6 +128,10 @@ class PolicyConfig:
     trend_horizon_s: float | None = None
     """How far ahead a rising demand trend is projected when sizing the fleet; None: replica_startup_s (what
     is ordered now serves from then on), 0: no projection."""
+    learn_startup: bool = True
+    """Replace replica_startup_s, in every horizon that defaults to it, by the start-up time learned from the
+    start-ups the serving has had (startup.py); replica_startup_s is then the prior. False: the spec value
+    always."""
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, gpus_per_replica: int | None = None, **overrides: object) -> PolicyConfig:
@@ -204,6 +211,8 @@ class PolicyInputs:
     config: PolicyConfig
     metrics_error: str | None = None
     """Why `metrics` is None, for the condition's message."""
+    startups: tuple[StartupSample, ...] = ()
+    """Completed group start-ups seen (may repeat earlier ones: those already learned from are skipped)."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,7 @@ class PolicyState:
     capacity: CapacityModel = field(default_factory=CapacityModel)
     demand: DemandTrend = field(default_factory=DemandTrend)
     peaks: PeakMemory = field(default_factory=PeakMemory)
+    startup: StartupLearner = field(default_factory=StartupLearner)
     last_desired: int | None = None
     """The value this autoscaler last set, in Active mode; a different spec.replicas is an outside edit."""
     last_change_at: float | None = None
@@ -233,6 +243,8 @@ class PolicyState:
         out: dict = {"capacity": self.capacity.to_dict(), "demand": self.demand.to_dict()}
         if self.peaks.buckets:
             out["peaks"] = self.peaks.to_dict()
+        if self.startup.n:
+            out["startup"] = self.startup.to_dict()
         for key in ("last_desired", "last_change_at", "surplus_since", "breach_since", "at_risk_since",
                     "at_risk_want", "ready", "ready_changed_at", "sla_met_at"):  # fmt: skip
             value = getattr(self, key)
@@ -262,6 +274,7 @@ class PolicyState:
             capacity=CapacityModel.from_dict(data.get("capacity")),
             demand=DemandTrend.from_dict(data.get("demand")),
             peaks=PeakMemory.from_dict(data.get("peaks")),
+            startup=StartupLearner.from_dict(data.get("startup")),
             last_desired=num("last_desired", int),
             last_change_at=num("last_change_at"),
             last_direction=int(num("last_direction", int) or 0),
@@ -307,6 +320,12 @@ class Decision:
     """Pass this to the next call (and persist `state.to_dict()`)."""
     overrode_outside_change: bool = False
     """spec.replicas had been changed by someone else (e.g. kubectl scale); in Active mode it is overwritten."""
+    startup_s: float | None = None
+    """The start-up time the decision's horizons used: learned, or the spec value while none is learned."""
+    startup_learned: bool = False
+    """startup_s comes from observed start-ups (config.learn_startup and at least one seen)."""
+    startup_by_cache_state: dict | None = None
+    """Learned start-up seconds per cache state that has start-ups (cold, weights-cached, warm)."""
 
     @property
     def direction(self) -> int:
@@ -319,7 +338,10 @@ class Decision:
 def decide(inputs: PolicyInputs, state: PolicyState) -> Decision:
     """The decision of one evaluation. Pure: reads neither a clock nor the cluster, changes neither argument;
     the state to remember is in the Decision."""
-    cfg, now, reps = inputs.config, inputs.now, inputs.replicas
+    learner = state.startup.observe(inputs.startups)
+    if learner is not state.startup:
+        state = replace(state, startup=learner)
+    cfg, now, reps = _effective(inputs.config, learner), inputs.now, inputs.replicas
     current = reps.desired
     active = cfg.mode == ACTIVE
     outside = active and state.last_desired is not None and current != state.last_desired
@@ -345,8 +367,10 @@ def decide(inputs: PolicyInputs, state: PolicyState) -> Decision:
             nxt = replace(nxt, last_change_at=now, last_direction=(target > base) - (target < base))
     else:
         nxt = replace(nxt, last_desired=None)
+    learned = cfg.learn_startup and learner.n > 0
     readings = {"current": current, "ready": reps.ready, "starting": reps.starting, "pending": reps.pending,
-                "metricsAgeSeconds": rounded(age), **dict(out.readings), "desired": target}  # fmt: skip
+                "metricsAgeSeconds": rounded(age), **dict(out.readings), "desired": target,
+                "startupSeconds": rounded(cfg.replica_startup_s)}  # fmt: skip
     direction = (target > current) - (target < current)
     return Decision(
         desired=target,
@@ -364,7 +388,20 @@ def decide(inputs: PolicyInputs, state: PolicyState) -> Decision:
         ),
         state=nxt,
         overrode_outside_change=outside and target != current,
+        startup_s=cfg.replica_startup_s,
+        startup_learned=learned,
+        startup_by_cache_state=(
+            {k: rounded(v) for k, v in learner.estimates(inputs.config.replica_startup_s).items()} if learned else None
+        ),
     )
+
+
+def _effective(cfg: PolicyConfig, learner: StartupLearner) -> PolicyConfig:
+    """The config the decision runs on: replica_startup_s is the learned start-up time (the spec value is its
+    prior), so every horizon left to default follows it; explicit delays and windows stay as set."""
+    if not cfg.learn_startup or learner.n == 0:
+        return cfg
+    return replace(cfg, replica_startup_s=learner.predict(cfg.replica_startup_s))
 
 
 def _ready_changed_at(cfg: PolicyConfig, now: float, reps: ReplicaCounts, state: PolicyState) -> float:

@@ -163,6 +163,9 @@ class Autoscaler:
         if d is None:
             return {}
         out: dict = {"slaState": d.sla_state, "learnedCapacity": _round(d.capacity) if d.capacity_learned else None}
+        if d.startup_learned and d.startup_s is not None:
+            out["learnedStartupSeconds"] = _round(d.startup_s)
+            out["learnedStartupSecondsByCacheState"] = d.startup_by_cache_state or None
         r = d.readings or {}
         sla = {
             "perUserTokensPerSecondP50": _round(r.get("speedP50")),

@@ -4,9 +4,11 @@
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
                                [--scenario-file FILE.yaml ...]
                                [--routing service|affinity|router ...]
+                               [--startup-model lognormal|cold|cached-node|cached-shared]
+                               [--startups SECONDS ...] [--spec-startup SECONDS] [--no-startup-learning]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
-    flashserve bench compare A.csv B.csv [--plot PNG]
+    flashserve bench compare A.csv B.csv [--plot PNG | --equal-attainment [FAMILY]]
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
     flashserve bench trace OUT.jsonl [--minutes 60] [--sessions-per-s 0.5] [--seed 0]
 """
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from flashserve_testbed.bench.fleet import STARTUP_MODELS
     from flashserve_testbed.bench.policies import FAMILIES
     from flashserve_testbed.bench.routing import ROUTINGS
     from flashserve_testbed.bench.workloads import SCENARIOS
@@ -93,7 +96,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="scenarios of the knob sweeps, on the first seed (default: the first scenario)")
     p.add_argument("--startups", type=float, nargs="*", metavar="SECONDS",
                    help="median start-up times of the start-up sweep, run on every seed (default 30 120 1200 "
-                   "besides the profile's)")
+                   "besides the profile's; runs with --no-sweep too when given; none: no start-up sweep)")
+    p.add_argument("--startup-model", choices=STARTUP_MODELS, default="lognormal",
+                   help="where replica start-ups come from: lognormal (default, the published tables: the profile's "
+                   "cold-only lognormal), or the start-up model by phase with cold (no cache), cached-node (a "
+                   "node-local weights cache and the kernel cache: a node that ran a replica starts the next one "
+                   "warm) or cached-shared (a shared weights claim and the kernel cache); the cold start-up is the "
+                   "run's median either way")
+    p.add_argument("--spec-startup", type=float, metavar="SECONDS",
+                   help="the replicaStartupSeconds FlashServe is given (and the tuned baselines are tuned for) "
+                   "whatever the runs' start-ups are (default: each run's median start-up)")
+    p.add_argument("--no-startup-learning", action="store_true",
+                   help="FlashServe keeps the spec's start-up time instead of learning it from the start-ups it "
+                   "sees complete")
     p.add_argument("--startup-policies", nargs="+", metavar="NAME", choices=FAMILIES,
                    help="families run in the start-up sweep (default flashserve hpa kpa)")
     p.add_argument("--minutes", type=float, help="override every scenario's duration (smoke tests)")
@@ -208,13 +223,16 @@ def autoscale(argv: list[str]) -> int:
     table = [s for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
                         all_ranks=args.all_ranks, decisions=bool(args.decision_log),
-                        engine=args.engine, routing=routings[0])  # fmt: skip
+                        engine=args.engine, routing=routings[0], startup_model=args.startup_model,
+                        learn_startup=not args.no_startup_learning, spec_startup_s=args.spec_startup)  # fmt: skip
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
                 timeline_scenario=scenarios[0].name, timeline_seed=seeds[0], bound=not args.no_bound)  # fmt: skip
     if not args.quick and not args.no_sweep:
         plan.sweep = sweep_specs(families)
         plan.sweep_scenarios = args.sweep_scenarios or [scenarios[0].name]
         plan.sweep_seeds = [seeds[0]]
+    if not args.quick and (not args.no_sweep or args.startups):
+        # the start-up sweep: with the knob sweeps by default, and whenever --startups names start-ups
         startups = [30.0, 120.0, 1200.0] if args.startups is None else args.startups
         if startups:
             plan.startups = startups
@@ -251,6 +269,9 @@ def autoscale(argv: list[str]) -> int:
         if cmp_ and any(c is not None for _, c in cmp_):
             cells = ", ".join(f"{f} {c:.2f}" if c is not None else f"{f} never" for f, c in cmp_)
             print(f"{sc.name}: GPU-hours/oracle to match flashserve's attainment: {cells}")
+    sweep_table = report.startup_sweep_table(results)
+    if sweep_table:
+        print("\n" + sweep_table)
     if progress:
         progress(f"done in {(time.monotonic() - t0) / 60:.1f} min")
     out = Path(args.out) if args.out else None
@@ -289,7 +310,8 @@ def heldout(args, profile, progress) -> int:
         return 2
     t0 = time.monotonic()
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
-                        engine=args.engine)  # fmt: skip
+                        engine=args.engine, startup_model=args.startup_model,
+                        learn_startup=not args.no_startup_learning)  # fmt: skip
     if progress:
         progress(f"calibrating {profile.name}: steady-state load test of one engine ...")
     calib = calibrate(profile, args.sla, progress=progress)
@@ -407,6 +429,9 @@ def _write_markdown(path: Path, recs, results, scenarios, seeds, calib, settings
             cells = ", ".join(f"{f} {c:.2f}" if c is not None else f"{f} not reached" for f, c in cmp_)
             lines += ["", f"GPU-hours / oracle each family needs to match flashserve's attainment on the sweep's "
                           f"seed (its settings and knob sweep; 'not reached': none of them does): {cells}"]  # fmt: skip
+    sweep_table = report.startup_sweep_table(results)
+    if sweep_table:
+        lines += ["", "## Start-up sweep", "", sweep_table]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -461,6 +486,8 @@ def report_cmd(argv: list[str]) -> int:
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD)
     recs = report.records(results)
     print(report.text_table(recs))
+    if report.startup_sweep_table(results):
+        print("\n" + report.startup_sweep_table(results))
     out.mkdir(parents=True, exist_ok=True)
     report.write_json(recs, out / "results.json")
     report.write_csv(results, out / "results.csv")
@@ -483,7 +510,13 @@ def compare_cmd(argv: list[str]) -> int:
     p.add_argument("a", metavar="A.csv")
     p.add_argument("b", metavar="B.csv")
     p.add_argument("--plot", metavar="PNG", help="also draw A against B, run by run")
+    p.add_argument("--equal-attainment", metavar="FAMILY", nargs="?", const="flashserve",
+                   help="instead: per scenario both swept FAMILY's knobs on (default flashserve), the GPU-hours x "
+                   "oracle its settings need in A and in B to reach either default's attainment (e.g. the same "
+                   "runs under two --startup-model settings)")
     args = p.parse_args(argv)
+    if args.equal_attainment:
+        return _equal_attainment(args)
     try:
         pairs = report.paired(report.read_csv(args.a), report.read_csv(args.b))
     except FileNotFoundError as exc:
@@ -514,6 +547,37 @@ def compare_cmd(argv: list[str]) -> int:
             print("matplotlib missing: no plot (pip install flashserve[plot])", file=sys.stderr)
             return 0
         plots.agreement(pairs, Path(args.plot), Path(args.a).parent.name or args.a, Path(args.b).parent.name or args.b)
+    return 0
+
+
+def _equal_attainment(args) -> int:
+    from flashserve_testbed.bench import report
+
+    try:
+        a, b = report.read_csv(args.a), report.read_csv(args.b)
+    except FileNotFoundError as exc:
+        print(f"flashserve bench compare: {exc.filename}: no such file", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"flashserve bench compare: {exc}", file=sys.stderr)
+        return 2
+    rows = report.equal_attainment_between(a, b, args.equal_attainment)
+    if not rows:
+        print(f"flashserve bench compare: {args.a} and {args.b} share no scenario with {args.equal_attainment}'s "
+              "default and knob sweep in both (run them without --no-sweep)", file=sys.stderr)  # fmt: skip
+        return 2
+
+    def cell(x):
+        return "not reached" if x is None else f"{x:.2f}"
+
+    print(f"{args.equal_attainment}: A = {args.a}, B = {args.b}; attainment / GPU-h x oracle on the sweep's seed")
+    print("| scenario | A default | B default | at attainment | A needs | B needs | B / A |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        for t, ca, cb in r["at"]:
+            ratio = f"{cb / ca:.2f}" if ca and cb else "-"
+            print(f"| {r['scenario']} | {r['a_default'][0]:.1%} / {r['a_default'][1]:.2f} | "
+                  f"{r['b_default'][0]:.1%} / {r['b_default'][1]:.2f} | {t:.1%} | {cell(ca)} | {cell(cb)} | {ratio} |")
     return 0
 
 

@@ -22,6 +22,9 @@ class Context:
     min_replicas: int
     max_replicas: int
     scrape_interval_s: float
+    startups: tuple = ()
+    """The last few completed group start-ups (flashserve.autoscaling.startup.StartupSample), oldest first:
+    what the operator records in status.startup.recent."""
 
     @property
     def current(self) -> int:

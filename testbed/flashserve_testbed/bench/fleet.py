@@ -6,6 +6,17 @@ pull) and then Running but not ready (weight load, compile, CUDA graphs), serves
 stops taking requests, finishes those in flight (drains) and gives its GPUs back. Groups are removed highest
 index first (as the operator does), so a scale-down cancels groups still starting before it drains ready ones.
 
+A group's start-up comes from the start-up model (`startup_model`, STARTUP_MODELS): `lognormal`, the profile's
+cold-only lognormal (the published tables), or the shared phase model (flashserve_testbed/startup_model.py)
+with the caches of one of three setups: `cold` (no cache: every start-up downloads the weights and compiles),
+`cached-node` (spec.startup.weightsCache NodeLocal with its default prefetch, and kernelCache: the prefetch has
+filled every node of the pool before the run and the initial fleet has filled the kernel cache, so a group
+starts warm, unless it lands on a node new to the pool, which starts it cold) and
+`cached-shared` (weightsCache Shared and kernelCache: every start-up after the first loads from the claim).
+The phase figures are scaled so that the cold start-up is the run's median start-up; each group is placed on
+a random free node of a pool of the run's GPU budget (the scheduler does not know the caches), on a new node
+when the pool is full (draining groups still hold theirs).
+
 One engine model instance is one data-parallel rank. By default the simulator runs one representative rank
 per group, with the group's share of sessions for one rank, and weighs its metrics by the rank count
 (docs/autoscaling-benchmark.md: what this keeps and what it loses); `all_ranks` simulates every rank.
@@ -13,20 +24,37 @@ per group, with the group's share of sessions for one rank, and weighs its metri
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass
+
+from flashserve.autoscaling.startup import StartupSample
 
 from flashserve.render.vllm_args import itl_buckets
 
 from flashserve_testbed.bench.routing import HashRing, Routing, fbi_hash, session_key
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 from flashserve_testbed.engine.profile import Profile
+from flashserve_testbed.startup_model import (
+    COLD,
+    REFERENCE,
+    WEIGHTS_HUB,
+    WEIGHTS_NODE,
+    WEIGHTS_SHARED,
+    Caches,
+    phase_seconds,
+)
 
 CACHE_UNIT_TOKENS = 512  # the engine model's coarse prefix-cache unit (docs/engine-model.md): ~4x faster
 PENDING_SHARE = 0.3  # share of the start-up spent Pending (scheduling, node, image pull) before containers run
 AFFINITY_BOUND = 1.25  # bounded-load affinity: a replica above this x the mean session count sheds sessions
 
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
+
+STARTUP_MODELS = ("lognormal", "cold", "cached-node", "cached-shared")
+_CACHES = {"cold": (WEIGHTS_HUB, False), "cached-node": (WEIGHTS_NODE, True), "cached-shared": (WEIGHTS_SHARED, True)}
+KERNEL_KEY = "engine"  # one engine image and layout per run: the kernel cache holds it after the first start-up
+RECENT_STARTUPS = 8  # completed start-ups a policy is shown (the operator's status.startup.recent is as short)
 
 
 def engine_config(profile: Profile, sla: float) -> EngineConfig:
@@ -52,7 +80,7 @@ class Rank:
 
 class Group:
     __slots__ = ("index", "serial", "pod", "ordered", "startup", "ready_at", "ended", "state", "ranks",
-                 "weight", "sessions", "inflight")  # fmt: skip
+                 "weight", "sessions", "inflight", "node", "cache_state")  # fmt: skip
 
     def __init__(self, index: int, serial: int, ordered: float, startup: float) -> None:
         self.index = index
@@ -67,6 +95,8 @@ class Group:
         self.weight = 1.0  # data-parallel ranks each simulated engine stands for
         self.sessions = 0  # sessions whose affinity is this group
         self.inflight = 0  # requests submitted and not finished
+        self.node = ""  # the node it runs on (phase start-up models)
+        self.cache_state = COLD  # what its start-up found: cold, weights-cached or warm
 
     def phase(self, now: float) -> str:
         """Pod phase as Kubernetes reports it while starting: Pending, then Running (not ready)."""
@@ -91,7 +121,8 @@ class FleetCounts:
 
 class Fleet:
     def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
-                 all_ranks: bool = False, engines: bool = True, routing: Routing = "affinity") -> None:  # fmt: skip
+                 all_ranks: bool = False, engines: bool = True, routing: Routing = "affinity",
+                 startup_model: str = "lognormal", nodes: int = 0) -> None:  # fmt: skip
         if routing not in ("service", "affinity", "router"):
             raise ValueError(f"routing: {routing!r} is not a routing model: choose service, affinity or router")
         self.profile = profile
@@ -118,13 +149,68 @@ class Fleet:
         else:
             self.startup_dist = st
         self.ready_list: list[Group] = []
+        if startup_model not in STARTUP_MODELS:
+            raise ValueError(f"startup_model: {startup_model!r} is not a start-up model: choose from "
+                             f"{', '.join(STARTUP_MODELS)}")  # fmt: skip
+        self.startup_model = startup_model
+        median = st.median if startup_median_s is None else startup_median_s
+        self.figures = REFERENCE.scaled(median / REFERENCE.cold_total())
+        self.phase_sigma = st.sigma
+        weights, kernels = _CACHES.get(startup_model, (WEIGHTS_HUB, False))
+        self.caches = Caches(weights=weights, kernel_cache=kernels)
+        self.nodes = [f"n{i}" for i in range(max(0, nodes))]
+        if startup_model == "cached-node":
+            for n in self.nodes:
+                self.caches.prefetched(n)
+        self.extra_nodes = 0
+        self.completed: list[StartupSample] = []
+        """Start-ups of groups that became ready during the run, oldest first (what the operator records)."""
+
+    # ------------------------------------------------------------------ start-up
+    def _draw_startup(self, g: Group) -> float:
+        if self.startup_model == "lognormal":
+            return self.startup_dist.draw(self.startup_rng)
+        self._place(g)
+        state = self.caches.state([g.node], KERNEL_KEY)
+        g.cache_state = state.label
+        return sum(phase_seconds(state, self.figures, self.startup_rng, self.phase_sigma).values())
+
+    def _place(self, g: Group) -> None:
+        held = {x.node for x in self.all if x.ended is None and x is not g}
+        free = [n for n in self.nodes if n not in held]
+        if free:
+            g.node = free[self.startup_rng.randrange(len(free))]
+        else:
+            self.extra_nodes += 1
+            g.node = f"x{self.extra_nodes}"
+
+    def peek_startups(self, k: int) -> list[float]:
+        """The start-up times of the next k orders, were they made now, without drawing them (the bound's
+        foresight)."""
+        saved = (self.startup_rng.getstate(), copy.deepcopy(self.caches), self.extra_nodes)
+        probes: list[Group] = []
+        out = []
+        for _ in range(k):
+            g = Group(-1, -1, 0.0, 0.0)
+            out.append(self._draw_startup(g))
+            probes.append(g)
+            self.all.append(g)
+        del self.all[len(self.all) - len(probes):]
+        self.startup_rng.setstate(saved[0])
+        self.caches, self.extra_nodes = saved[1], saved[2]
+        return out
 
     # ------------------------------------------------------------------ lifecycle
     def order(self, now: float, ready: bool = False) -> Group:
         """Create the next group; `ready` builds it already serving (the initial fleet)."""
         self.serial += 1
-        startup = 0.0 if ready else self.startup_dist.draw(self.startup_rng)
-        g = Group(len(self.active), self.serial, now, startup)
+        g = Group(len(self.active), self.serial, now, 0.0)
+        if ready:
+            if self.startup_model != "lognormal":
+                self._place(g)  # it started before the run: make_ready leaves its caches behind
+        else:
+            g.startup = self._draw_startup(g)
+            g.ready_at = now + g.startup
         self.active.append(g)
         self.all.append(g)
         if ready:
@@ -132,6 +218,10 @@ class Fleet:
         return g
 
     def make_ready(self, g: Group, now: float) -> None:
+        if g.node:
+            self.caches.started([g.node], KERNEL_KEY)
+        if g.state == STARTING and g.startup > 0:
+            self.completed.append(StartupSample(g.pod, g.startup, g.cache_state))
         g.state = READY
         g.ready_at = now
         g.weight = self.rank_weight

@@ -489,7 +489,7 @@ class FluidSimulation(Simulation):
             sim_seconds=self.end, cpu_seconds=time.process_time() - cpu0, knob=self.policy.knob,
             knob_value=self.policy.knob_value, startup_median_s=self.startup_median_s, step_attainment=None,
             timeline=self.timeline if self.s.timeline else None,
-            decisions=self._decisions() if self.s.decisions else None,
+            decisions=self._decisions() if self.s.decisions else None, **self.startup_fields(),
         )  # fmt: skip
 
     def _serving_states(self):

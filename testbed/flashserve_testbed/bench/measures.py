@@ -85,6 +85,17 @@ class Result:
     """The simulator's routing model (service, affinity, router: bench/routing.py)."""
     prefix_hit_rate: float | None = None
     """Prefix-cache hit rate over the measured window: cached prompt tokens / prompt tokens, every engine."""
+    startup_model: str = "lognormal"
+    """Where the run's start-ups came from (bench/fleet.py STARTUP_MODELS)."""
+    startup_learning: str = "on"
+    """on: FlashServe's policy was shown the start-ups that completed and learned its start-up time from them;
+    off: it used the spec value throughout."""
+    cached_startups: float | None = None
+    """Share of the run's completed start-ups that found the weights cached (weights-cached or warm)."""
+    spec_startup_s: float | None = None
+    """The replicaStartupSeconds the policy was given (FlashServe's prior; the tuned baselines' start-up)."""
+    learned_startup_s: float | None = None
+    """FlashServe's start-up time at the end of the run (the spec value when nothing was learned)."""
     timeline: dict | None = field(default=None, repr=False)
     decisions: list | None = field(default=None, repr=False)
     """FlashServe's decisions with their readings, when asked for (--decision-log)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from flashserve_testbed.bench.measures import Result, median
 from flashserve_testbed.bench.report import _order, curves
+from flashserve_testbed.bench.report import startup_sweep as sweep_runs
 
 COLORS = {
     "oracle": "black", "bound": "dimgray", "flashserve": "tab:red", "hpa": "tab:blue", "kpa": "tab:orange",
@@ -91,24 +92,20 @@ def timeline(results: list[Result], path: Path) -> Path | None:
 
 
 def startup_sweep(results: list[Result], path: Path) -> Path | None:
-    runs = [r for r in results if r.kind == "startup"]
-    if not runs:
-        return None
-    swept = {r.policy for r in runs}
-    seeds = sorted({r.seed for r in runs})
     # the profile's own start-up time is the table's run of the same scenario and seeds
-    runs += [r for r in results if r.kind == "table" and r.policy in swept and r.scenario == runs[0].scenario
-             and r.seed in seeds]  # fmt: skip
+    by = sweep_runs(results)
+    if not by:
+        return None
+    runs = [r for pts in by.values() for rs in pts.values() for r in rs]
+    seeds = sorted({r.seed for r in runs})
     plt = _plt()
-    by: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
-    for r in runs:
-        by[r.policy][r.startup_median_s or 0].append(r)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for label in sorted(by, key=_order):
+    for label in by:
         points = sorted(by[label].items())  # medians over the seeds at each start-up time
         xs = [s / 60.0 for s, _ in points]
-        color = COLORS.get(label.removesuffix("-tuned"))
-        style = "--" if label.endswith("-tuned") else "-"
+        fam = label.removesuffix(" (learning off)")
+        color = COLORS.get(fam.removesuffix("-tuned"))
+        style = "--" if fam.endswith("-tuned") else (":" if fam != label else "-")
         a1.plot(xs, [statistics.median(r.attainment * 100 for r in rs) for _, rs in points], style, marker="o",
                 color=color, label=label)  # fmt: skip
         a2.plot(xs, [statistics.median(r.gpu_hours / r.oracle_gpu_hours for r in rs) for _, rs in points], style,

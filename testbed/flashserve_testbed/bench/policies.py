@@ -93,9 +93,12 @@ class FlashServe(Policy):
     offset_s = 5.0
     knob = "scale_up_utilization"
 
-    def __init__(self, calib: Calibration, startup_s: float, name: str = "flashserve", **overrides) -> None:
+    def __init__(self, calib: Calibration, startup_s: float, name: str = "flashserve", learn_startup: bool = True,
+                 **overrides) -> None:  # fmt: skip
         self.calib = calib
         self.startup_s = startup_s
+        self.learn_startup = learn_startup
+        self.startup_now: float | None = None
         self.overrides = overrides
         self.name = name
         self.cfg: PolicyConfig | None = None
@@ -114,7 +117,8 @@ class FlashServe(Policy):
                 replica_startup_seconds=int(round(self.startup_s)),
             )
             # The operator's own resolution of the spec, capacity prior included (Autoscaler.config).
-            self.cfg = PolicyConfig.from_spec(spec, gpus_per_replica=self.calib.gpus_per_replica, **self.overrides)
+            self.cfg = PolicyConfig.from_spec(spec, gpus_per_replica=self.calib.gpus_per_replica,
+                                              learn_startup=self.learn_startup, **self.overrides)  # fmt: skip
             self.interval_s = self.cfg.evaluation_interval_s
         return self.cfg
 
@@ -122,11 +126,16 @@ class FlashServe(Policy):
         cfg = self.config(ctx)
         snap, err = snapshot(ctx.prom, ctx.now, cfg.metrics_window_s, cfg.percentile)
         counts = replica_counts(ctx)
-        d = decide(PolicyInputs(ctx.now, snap, counts, cfg, err), self.state)
+        d = decide(PolicyInputs(ctx.now, snap, counts, cfg, err, startups=ctx.startups), self.state)
         self.state = d.state
+        self.startup_now = d.startup_s
         self.decisions.append({"t": round(ctx.now, 3), "reason": d.reason, "current": d.current,
                                "desired": d.desired, "sla_state": d.sla_state, "readings": d.readings})  # fmt: skip
         return d.desired if d.apply else None
+
+    def startup_s_now(self) -> float | None:
+        """The start-up time its last decision used (learned, or the spec value)."""
+        return self.startup_now
 
 
 @dataclass(frozen=True)
@@ -161,18 +170,21 @@ for) and the peak window (scaleDown.peakWindowSeconds, in start-up times: 0 = of
 the benchmark's setting (p95, 1.0, 4 x start-up)."""
 
 
-def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float) -> Policy:
+def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float, learn_startup: bool = True) -> Policy:
+    """`learn_startup`: FlashServe learns its start-up time from the start-ups it sees (the baselines are
+    given `startup_s` and keep it)."""
     fam, var, share = spec.family, spec.variant, spec.share
     cap = calib.capacity_per_replica
     kv_cap = calib.at(calib.capacity_per_rank, "kv_usage")
     if fam == "flashserve":
         if var == "sweep":
             if spec.param == "peak_startups":  # relative, so that it follows the start-up time
-                return FlashServe(calib, startup_s, name=spec.label, peak_memory_s=share * startup_s)
-            return FlashServe(calib, startup_s, name=spec.label, **{spec.param: share})
+                return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn_startup,
+                                  peak_memory_s=share * startup_s)  # fmt: skip
+            return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn_startup, **{spec.param: share})
         if var == "tuned":
             raise ValueError("flashserve is run at its defaults; sweep its knob instead")
-        return FlashServe(calib, startup_s)
+        return FlashServe(calib, startup_s, learn_startup=learn_startup)
     if fam == "hpa":
         if var == "sweep":
             return hpa.HPA(share * cap, name=spec.label)

@@ -52,7 +52,7 @@ def records(results: list[Result]) -> list[dict]:
     table = [r for r in results if r.kind == "table"]
     by_policy: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for r in table:
-        by_policy[(r.policy, r.routing)].append(r)
+        by_policy[(series_label(r), r.routing)].append(r)
     out = []
     for label, routing in sorted(by_policy, key=lambda k: (_order(k[0]), ROUTINGS.index(k[1])
                                                            if k[1] in ROUTINGS else len(ROUTINGS), k[1])):
@@ -172,7 +172,8 @@ def read_csv(path: str | Path) -> list[Result]:
 
 def run_key(r: Result) -> tuple:
     """What identifies a run: the same key in a later file is a rerun of it."""
-    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s, r.routing)
+    return (r.policy, r.scenario, r.seed, r.kind, r.knob, r.knob_value, r.variant, r.startup_median_s, r.routing,
+            r.startup_model, r.startup_learning, r.spec_startup_s)
 
 
 def merge(*runs: list[Result]) -> list[Result]:
@@ -263,3 +264,78 @@ def agreement(pairs: list[tuple[Result, Result]], label: str) -> Agreement | Non
         return v[max(0, math.ceil(0.9 * len(v)) - 1)] if v else math.nan
 
     return Agreement(label, len(pairs), median(da), p90(da), median(dg) if dg else math.nan, p90(dg))
+
+
+def series_label(r: Result) -> str:
+    """A policy's label in the start-up sweep: FlashServe with its start-up learning off is its own series."""
+    if r.startup_learning == "on" or not r.policy.startswith("flashserve"):
+        return r.policy
+    return f"{r.policy} (learning off)"
+
+
+def startup_sweep(results: list[Result]) -> dict[str, dict[float, list[Result]]]:
+    """The start-up sweep's runs by series and median start-up, with the table's runs of the same scenario and
+    seeds as the profile's own start-up (as the plot draws them)."""
+    runs = [r for r in results if r.kind == "startup"]
+    if not runs:
+        return {}
+    scenario, seeds = runs[0].scenario, {r.seed for r in runs}
+    swept = {r.policy for r in runs}
+    runs += [r for r in results
+             if r.kind == "table" and r.policy in swept and r.scenario == scenario and r.seed in seeds]  # fmt: skip
+    by: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        by[series_label(r)][r.startup_median_s or 0.0].append(r)
+    return {k: dict(sorted(v.items())) for k, v in sorted(by.items(), key=lambda kv: _order(kv[0]))}
+
+
+def monotonicity_gap(points: list[tuple[float, float]]) -> float:
+    """Over (start-up, attainment) points: the most a point's attainment lies below that of a point with a
+    longer start-up, in points (0 when attainment never rises with start-up time)."""
+    gap = 0.0
+    for i, (_, a) in enumerate(points):
+        for _, b in points[i + 1 :]:
+            gap = max(gap, (b - a) * 100.0)
+    return gap
+
+
+def startup_sweep_table(results: list[Result]) -> str:
+    """Markdown: per series, median attainment / GPU-hours x oracle at each start-up, over the sweep's seeds,
+    and the largest rise of attainment with start-up time (the target: at most 1 point)."""
+    by = startup_sweep(results)
+    if not by:
+        return ""
+    xs = sorted({s for pts in by.values() for s in pts})
+    seeds = sorted({r.seed for pts in by.values() for rs in pts.values() for r in rs})
+    head = ["series"] + [f"{s / 60:g} min" for s in xs] + ["rise pt"]
+    lines = [f"start-up sweep, median of seeds {', '.join(map(str, seeds))} (attainment / GPU-h x oracle)", "",
+             "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]  # fmt: skip
+    for label, pts in by.items():
+        cells, att = [], []
+        for s in xs:
+            rs = pts.get(s)
+            if not rs:
+                cells.append("-")
+                continue
+            a = median([r.attainment for r in rs])
+            att.append((s, a))
+            cells.append(f"{a:.1%} / {median([_ratio(r) for r in rs]):.2f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {monotonicity_gap(att):.1f} |")
+    return "\n".join(lines)
+
+
+def equal_attainment_between(a: list[Result], b: list[Result], family: str = "flashserve") -> list[dict]:
+    """Per scenario `a` swept `family` on and `b` ran it too: each set's default (attainment, GPU-hours x
+    oracle) and the GPU-hours x oracle each set's settings need to reach the attainment of either default
+    (interpolated along each set's frontier; None: none of its settings reaches it)."""
+    out = []
+    for sc in dict.fromkeys(r.scenario for r in a if r.kind == "sweep"):
+        ca, cb = curves(a, sc).get(family, []), curves(b, sc).get(family, [])
+        da = next((p for p in ca if p[2] == family), None)
+        db = next((p for p in cb if p[2] == family), None)
+        if not (ca and cb and da and db):
+            continue
+        targets = sorted({round(da[1], 4), round(db[1], 4)})
+        out.append({"scenario": sc, "a_default": (da[1], da[0]), "b_default": (db[1], db[0]),
+                    "at": [(t, cost_at(ca, t), cost_at(cb, t)) for t in targets]})  # fmt: skip
+    return out

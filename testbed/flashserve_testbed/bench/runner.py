@@ -114,15 +114,18 @@ def run_task(task: Task) -> Result:
         res = fluid.run_oracle(w, st, curve) if st.engine == "fluid" else run_oracle(w, st)
     else:
         startup = st.startup_median_s or task.scenario.startup_median_s or prof.startup.median
+        if st.spec_startup_s is not None:
+            startup = st.spec_startup_s
         if task.spec.family == BOUND:
             policy = bound.StartupAwareBound(w.oracle_steps, task.scenario.warmup_s)
         else:
-            policy = build(task.spec, calib, startup, st.sla_tokens_per_s)
+            policy = build(task.spec, calib, startup, st.sla_tokens_per_s, st.learn_startup)
         sim = fluid.FluidSimulation(w, policy, st, curve) if st.engine == "fluid" else Simulation(w, policy, st)
         if isinstance(policy, bound.StartupAwareBound):
             policy.attach(sim.fleet)  # it knows each order's start-up: the same stream the fleet draws from
         res = sim.run()
         res.policy = task.spec.label
+        res.spec_startup_s = startup
         res.variant = task.spec.variant
     res.oracle_gpu_hours = w.oracle_gpu_hours
     res.kind = task.kind

@@ -22,7 +22,7 @@ from itertools import accumulate
 from flashserve_testbed import traces
 from flashserve_testbed.bench.calibrate import Calibration
 from flashserve_testbed.bench.context import Context, Policy
-from flashserve_testbed.bench.fleet import DRAINING, STARTING, Fleet, Rank
+from flashserve_testbed.bench.fleet import DRAINING, RECENT_STARTUPS, STARTING, Fleet, Rank
 from flashserve_testbed.bench.measures import (
     GPU_HOUR_PRICE_USD,
     Recorder,
@@ -69,6 +69,14 @@ class Settings:
     routing: str = "affinity"
     """How a request picks its replica (bench/routing.py): service (random per request), affinity (session
     affinity with bounded load) or router (vllm-router's consistent_hash on X-Session-ID)."""
+    startup_model: str = "lognormal"
+    """Where start-ups come from (bench/fleet.py STARTUP_MODELS): the profile's cold-only lognormal, or the
+    phase model with no cache (cold), a node-local weights cache (cached-node) or a shared one (cached-shared)."""
+    learn_startup: bool = True
+    spec_startup_s: float | None = None
+    """spec.autoscaling.replicaStartupSeconds given to FlashServe (and the start-up the tuned baselines are
+    tuned for); None: the run's median start-up, as if the user had measured it."""
+    """FlashServe learns its start-up time from the start-ups it sees complete (False: the spec value)."""
 
 
 class OracleView:
@@ -176,8 +184,10 @@ class Simulation:
         self.calib = workload.calib
         startup = settings.startup_median_s if settings.startup_median_s is not None else self.sc.startup_median_s
         self.startup_median_s = startup if startup is not None else self.profile.startup.median
+        self.max_replicas = settings.max_replicas or 2 * workload.peak_need() + 2
         self.fleet = Fleet(self.profile, settings.sla_tokens_per_s, workload.seed, startup, settings.all_ranks,
-                           engines=self.engines, routing=settings.routing)
+                           engines=self.engines, routing=settings.routing, startup_model=settings.startup_model,
+                           nodes=self.max_replicas)  # fmt: skip
         itl_bounds = self.fleet.cfg.buckets["inter_token_latency"]
         self.prom = Prometheus(tuple(itl_bounds), tuple(DEFAULT_TTFT_BUCKETS))
         self.heap: list = []
@@ -188,7 +198,6 @@ class Simulation:
         # engine clocks start at 0: internal time runs from the start of the warm-up
         self.off = self.sc.warmup_s
         self.end = self.off + self.sc.duration_s
-        self.max_replicas = settings.max_replicas or 2 * workload.peak_need() + 2
         self.oracle_lookahead_s = oracle_lookahead_s
         self.timeline: dict[str, list] = {"t": [], "desired": [], "ready": [], "demand": [], "oracle": []}
         # step-level view (what the policy's ITL quantile measures): ITL observations at or under the SLA's
@@ -327,6 +336,7 @@ class Simulation:
             now=now, counts=self.fleet.counts(now), groups=list(self.fleet.active), prom=self.prom,
             calib=self.calib, sla_tokens_per_s=self.s.sla_tokens_per_s, min_replicas=self.s.min_replicas,
             max_replicas=self.max_replicas, scrape_interval_s=self.s.scrape_interval_s,
+            startups=tuple(self.fleet.completed[-RECENT_STARTUPS:]),
         )  # fmt: skip
         want = self.policy.decide(ctx)
         if want is not None:
@@ -458,8 +468,19 @@ class Simulation:
             prefix_hit_rate=self.prefix_hit_rate(),
             timeline=self.timeline if self.s.timeline else None,
             decisions=self._decisions() if self.s.decisions else None,
+            **self.startup_fields(),
             **summary,
         )
+
+    def startup_fields(self) -> dict:
+        done = self.fleet.completed
+        learned = getattr(self.policy, "startup_s_now", None)
+        return {
+            "startup_model": self.s.startup_model,
+            "startup_learning": "on" if self.s.learn_startup else "off",
+            "cached_startups": sum(s.cache_state != "cold" for s in done) / len(done) if done else None,
+            "learned_startup_s": learned() if learned else None,
+        }
 
     def _decisions(self) -> list | None:
         log = getattr(self.policy, "decisions", None)

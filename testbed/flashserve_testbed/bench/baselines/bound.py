@@ -17,7 +17,6 @@ attainment at more GPU-hours. The target function is pure (tests/bench/test_boun
 from __future__ import annotations
 
 import bisect
-import random
 from collections.abc import Sequence
 
 from flashserve_testbed.bench.context import Context, Policy
@@ -105,9 +104,7 @@ class StartupAwareBound(Policy):
         """The start-up times of the next k orders, without drawing them."""
         if self.fleet is None:
             return [0.0] * k
-        rng = random.Random()
-        rng.setstate(self.fleet.startup_rng.getstate())
-        return [self.fleet.startup_dist.draw(rng) for _ in range(k)]
+        return self.fleet.peek_startups(k)
 
     def decide(self, ctx: Context) -> int | None:
         now = ctx.now - self.off  # the need is in scenario time
