@@ -115,3 +115,22 @@ def test_status_shows_the_learned_startup_from_the_persisted_state(prometheus, e
     status = scaler.status_fields(body)
     assert status["learnedStartupSeconds"] == 160.0
     assert status["learnedStartupSecondsByCacheState"] == {"cold": 1000.0, "warm": 160.0}
+
+
+def test_the_learner_reads_the_start_ups_the_operator_recorded_in_status(prometheus, events):
+    url, _ = prometheus
+    scaler, kube = loopback_scaler(), RecordingKube()
+    body = body_for(url)
+    rec = lambda uid, s, state: {"uid": uid, "cacheState": state, "seconds": {"scheduled": 1, "running": 5, "ready": s}}  # noqa: E731
+    # A group still starting has no ready time (null in status): nothing to learn from it.
+    body["status"] = {"startup": {"recent": [rec("u1", 480, "weights-cached"), rec("u2", 470, "weights-cached"),
+                                             {"uid": "u3", "cacheState": "cold", "seconds": {"ready": None}}]}}  # fmt: skip
+    evaluate(scaler, body, ready_observed(2), kube)
+    status = scaler.status_fields(body)
+    assert status["learnedStartupSecondsByCacheState"] == {"weights-cached": pytest.approx(475.0, abs=10.0)}
+    assert status["learnedStartupSeconds"] == status["learnedStartupSecondsByCacheState"]["weights-cached"]
+    # The same records again (status keeps the last few) are not learned twice.
+    before = scaler._state(body).policy.startup.to_dict()
+    scaler._state(body).next_at = 0.0
+    evaluate(scaler, body, ready_observed(2), kube)
+    assert scaler._state(body).policy.startup.to_dict() == before

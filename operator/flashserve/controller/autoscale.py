@@ -35,6 +35,7 @@ from flashserve.autoscaling.replicas import (
     ReplicaCounts,
     count_replicas,
 )
+from flashserve.autoscaling.startup import StartupSample
 from flashserve.clock import now_iso
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import Observed
@@ -71,6 +72,22 @@ def replica_counts(obj: DeepSeekServing, observed: Observed) -> ReplicaCounts:
     it comes back on the new template."""
     groups = [GroupReadiness(g.exists, g.serving, g.unschedulable > 0) for g in group_states(obj, observed)]
     return count_replicas(obj.spec.replicas, groups)
+
+
+def startup_samples(body: dict) -> tuple[StartupSample, ...]:
+    """The completed group start-ups the operator recorded in status.startup.recent (startup_phases.py), as
+    the policy's learner takes them. Status is the one record: it survives operator restarts, and the learner
+    skips uids it has already learned from."""
+    recent = (((body.get("status") or {}).get("startup") or {}).get("recent")) or []
+    out = []
+    for r in recent:
+        if not isinstance(r, dict):
+            continue
+        seconds = (r.get("seconds") or {}).get("ready")
+        uid, state = r.get("uid"), r.get("cacheState")
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0 and uid and state:
+            out.append(StartupSample(str(uid), float(seconds), str(state)))
+    return tuple(out)
 
 
 class Autoscaler:
@@ -126,7 +143,7 @@ class Autoscaler:
             snapshot, error = res.snapshot, res.error
         else:
             snapshot, error = None, "no Prometheus: set spec.autoscaling.prometheusUrl or the operator's --prometheus-url"
-        d = decide(PolicyInputs(now, snapshot, counts, cfg, error), st.policy)
+        d = decide(PolicyInputs(now, snapshot, counts, cfg, error, startups=startup_samples(body)), st.policy)
         st.policy, st.decision = d.state, d
         st.conditions = list(d.conditions)
         self.decisions[(namespace, name, d.reason)] += 1
