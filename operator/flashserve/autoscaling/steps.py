@@ -87,7 +87,7 @@ class Load:
     window_clean: bool
     """The rate window did not straddle a readiness change: the reading may be learned from."""
     arrival_demand: float | None = None
-    """Requests the router's arrivals keep in the engines at the SLA speed (Little's law), where known."""
+    """Requests the router's arrivals keep running at the SLA speed (Little's law), where known."""
 
 
 @dataclass(frozen=True)
@@ -246,19 +246,21 @@ def read_load(cfg: PolicyConfig, m: MetricsSnapshot, ready: int, ready_stable_s:
 
 
 def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load) -> Load:
-    """Cap the demand at what the arrivals need, where the router reports them.
+    """Cap the running part of the demand at what the arrivals need, where the router reports them.
 
-    Running + waiting is a stock, and slow service swells it: in a crowd each request stays longer than at
-    the SLA speed and the queue holds what the engines cannot admit, so it grows every evaluation while the
-    arrivals stay flat, its rise reads as a trend, and sizing on it orders up to maxReplicas for users who
-    need half that (docs/autoscaling.md, "Demand from arrivals"). By Little's law the same arrivals served at
-    the SLA keep arrival_rate x W requests in the engines, W = mean output tokens / the median user's speed at
-    the SLA (SLA x the window's p50/percentile speed ratio) + a first-token allowance: the requests a fleet at
-    the SLA holds. Never below the requests running now counted at the SLA
-    speed (the peak memory's figure): a window shorter than a long request undercounts its arrivals. Sessions
-    between turns are added as before; an agentic session's turns are what the router counts, so the law holds
-    across its tool gaps. Only ever lowers the demand, and only with both readings: without a router (or its
-    pods unscraped) nothing changes."""
+    Running requests are a stock, and slow service swells it: in overload each request stays longer than at
+    the SLA speed, the stock grows every evaluation while the arrivals do not, its rise reads as a trend, and
+    sizing on it orders up to maxReplicas for users who need half that (docs/autoscaling.md, "Demand from
+    arrivals"). By Little's law the same arrivals served at the SLA keep arrival_rate x W requests running,
+    W = mean output tokens / the median user's speed at the SLA (SLA x the window's p50/percentile speed
+    ratio) + a first-token allowance. Never below the requests running now counted at the SLA speed (the peak
+    memory's figure): a window shorter than a long request undercounts its arrivals.
+
+    The queue is counted as it is, not from arrivals: a queued turn of an agentic session holds back that
+    session's next turns until it is served, so in overload the router sees fewer arrivals than the users
+    behind the queue will send (measured: sizing the queue from arrivals too cost a 15.7x step 40 points of
+    attainment). Sessions between turns are added as before. Only ever lowers the demand, and only with both
+    readings: without a router (or with its pods unscraped) nothing changes."""
     rate, out = m.arrival_rate, m.mean_output_tokens
     if rate is None or out is None:
         return load
