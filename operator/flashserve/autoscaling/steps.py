@@ -253,8 +253,9 @@ def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load) -> L
     sizing on it orders up to maxReplicas for users who need half that (docs/autoscaling.md, "Demand from
     arrivals"). By Little's law the same arrivals served at the SLA keep arrival_rate x W requests running,
     W = mean output tokens / the median user's speed at the SLA (SLA x the window's p50/percentile speed
-    ratio) + a first-token allowance. Never below the requests running now counted at the SLA speed (the peak
-    memory's figure): a window shorter than a long request undercounts its arrivals.
+    ratio) + a first-token allowance. Only while users are below SEVERE_BREACH x the SLA (the overload that
+    swells the stock), and never below the requests running now counted at the SLA speed (the peak memory's
+    figure): a window shorter than a long request undercounts its arrivals.
 
     The queue is counted as it is, not from arrivals: a queued turn of an agentic session holds back that
     session's next turns until it is served, so in overload the router sees fewer arrivals than the users
@@ -271,7 +272,11 @@ def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load) -> L
     allowance = cfg.ttft_seconds if cfg.ttft_seconds is not None else ARRIVAL_TTFT_S
     ttft = min(m.ttft_at_percentile_s, allowance) if m.ttft_at_percentile_s is not None else allowance
     at_sla = rate * (out / (sla * ratio) + ttft)
-    served_at_sla = load.running * min(1.0, speed / sla) if speed is not None and speed > 0 else load.running
+    if speed is None or speed >= SEVERE_BREACH * sla:
+        # Users near the SLA: slow service has not swollen the stock, and the estimate's own error (the
+        # window lags a rise, long requests weigh more in the stock than in the mean) would trim real demand.
+        return replace(load, arrival_demand=at_sla)
+    served_at_sla = load.running * speed / sla
     running = min(load.demand - load.waiting - load.sessions, max(at_sla, served_at_sla))
     return replace(load, demand=running + load.waiting + load.sessions, arrival_demand=at_sla)
 
