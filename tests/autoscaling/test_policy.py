@@ -649,3 +649,85 @@ def test_decide_changes_neither_its_inputs_nor_its_state_and_repeats_itself():
         state, desired = d.state, d.desired if d.apply else desired
     expected = {R.SLA_BREACH, R.TTFT_BREACH, R.SURPLUS_RELEASED, R.HOLD_SURPLUS, R.HOLD_MISSING_METRICS, R.STEADY}
     assert expected <= reasons, reasons
+
+
+# ------------------------------------------------------------------------------------ demand from arrivals
+
+
+def _arrivals_for(users: float, out: float = 500.0, cfg: PolicyConfig = CFG) -> float:
+    """The arrival rate whose requests, served at the SLA, keep `users` in the engines (the toy snapshot's
+    p50 speed is 1.1 x the percentile's; no TTFT reading: the allowance stands)."""
+    return users / (out / (cfg.sla_tokens_per_s * 1.1) + S.ARRIVAL_TTFT_S)
+
+
+def test_a_crowd_swelling_the_engines_orders_what_the_arrivals_need_not_max_replicas():
+    # 2 ready replicas hold 5 x CAP running requests at a fraction of the SLA speed: slow service keeps each
+    # request longer. The router says the arrivals are what 5.5 x CAP users need at the SLA. Without the
+    # arrival reading the policy orders for the swollen stock (maxReplicas here); with it, for the arrivals.
+    counts = ReplicaCounts(desired=2, ready=2)
+    running = 12 * CAP
+    d = run(0.0, running, counts)
+    assert d.readings["speedAtPercentile"] < 0.5 * CFG.sla_tokens_per_s
+    assert d.desired == CFG.max_replicas
+    d = run(0.0, running, counts, arrival_rate=_arrivals_for(5.5 * CAP), mean_output_tokens=500.0)
+    assert d.readings["arrivalDemand"] == pytest.approx(5.5 * CAP, rel=1e-3)
+    assert d.readings["demand"] == pytest.approx(5.5 * CAP, rel=1e-3)
+    assert d.desired == 6 and d.reason == R.SLA_BREACH
+
+
+def test_flat_arrivals_hold_the_order_while_the_backlog_keeps_swelling():
+    # A closed loop over a minute of evaluations: the running stock grows every evaluation (service slows as
+    # it grows), the arrivals stay flat. The order stays at what the arrivals need; the trend of the stock is
+    # not projected into more.
+    counts = ReplicaCounts(desired=2, ready=2)
+    state, rate = PolicyState(), _arrivals_for(5.5 * CAP)
+    for i in range(5):
+        d = run(15.0 * i, (6 + 2 * i) * CAP, counts, state=state, arrival_rate=rate, mean_output_tokens=500.0)
+        state = d.state
+        assert d.desired == 6, i
+        counts = ReplicaCounts(desired=d.desired, ready=2, starting=d.desired - 2)
+
+
+def test_arrivals_never_raise_the_demand():
+    counts = ReplicaCounts(desired=2, ready=2)
+    plain = run(0.0, 1.5 * CAP, counts)
+    d = run(0.0, 1.5 * CAP, counts, arrival_rate=_arrivals_for(20 * CAP), mean_output_tokens=500.0)
+    assert d.readings["demand"] == plain.readings["demand"] and d.desired == plain.desired
+
+
+def test_users_near_the_sla_keep_their_demand_whatever_the_arrivals_say():
+    # No swelling without overload: an arrival estimate below the running requests is its own error there
+    # (the window lags a rise), and trimming on it would skip a replica the load needs.
+    counts = ReplicaCounts(desired=2, ready=2)
+    plain = run(0.0, 2.2 * CAP, counts)
+    assert plain.readings["speedAtPercentile"] > S.SEVERE_BREACH * CFG.sla_tokens_per_s
+    d = run(0.0, 2.2 * CAP, counts, arrival_rate=_arrivals_for(1.5 * CAP), mean_output_tokens=500.0)
+    assert d.readings["arrivalDemand"] == pytest.approx(1.5 * CAP, rel=1e-3)
+    assert (d.readings["demand"], d.readings["required"]) == (plain.readings["demand"], plain.readings["required"])
+    assert d.readings["required"] == 3
+
+
+def test_queued_requests_count_as_they_are():
+    # A queued request of a closed-loop session sends no next turn until it is served: the arrivals undercount
+    # the users behind a queue, so only the running part is sized from them.
+    counts = ReplicaCounts(desired=2, ready=2)
+    d = run(0.0, 12 * CAP, counts, waiting=2 * CAP, arrival_rate=_arrivals_for(5.5 * CAP), mean_output_tokens=500.0)
+    assert d.readings["demand"] == pytest.approx(7.5 * CAP, rel=1e-3) and d.desired == 8
+
+
+def test_running_at_the_sla_speed_is_the_floor_of_the_arrival_demand():
+    # a window shorter than the requests undercounts their arrivals: the requests running now, counted at the
+    # SLA speed, stay in the demand
+    counts = ReplicaCounts(desired=2, ready=2)
+    d = run(0.0, 12 * CAP, counts, arrival_rate=0.0, mean_output_tokens=500.0)
+    speed = d.readings["speedAtPercentile"]
+    assert d.readings["demand"] == pytest.approx(12 * CAP * speed / CFG.sla_tokens_per_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("extra", [{}, {"arrival_rate": 5.0}, {"mean_output_tokens": 500.0}])
+def test_without_both_arrival_readings_the_decision_is_unchanged(extra):
+    counts = ReplicaCounts(desired=2, ready=2)
+    plain = run(0.0, 12 * CAP, counts)
+    d = run(0.0, 12 * CAP, counts, **extra)
+    assert (d.desired, d.reason, d.readings["demand"]) == (plain.desired, plain.reason, plain.readings["demand"])
+    assert d.readings.get("arrivalDemand") is None

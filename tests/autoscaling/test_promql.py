@@ -14,11 +14,35 @@ Q = Queries("team-a", "flash", window_s=60, percentile=90)
 
 def test_every_query_selects_the_serving_by_label():
     for name, query in Q.all().items():
-        metrics = re.findall(r"vllm:[a-z_:]+", query)
+        metrics = re.findall(r"vllm:[a-z_:]+|vllm_router_[a-z_]+", query)
         assert metrics, name
         for metric in metrics:
-            # each vLLM series reference carries the namespace and serving matchers
+            # each vLLM (and vllm-router) series reference carries the namespace and serving matchers
             assert re.search(re.escape(metric) + r'\{namespace="team-a",serving="flash"[,}]', query), (name, query)
+
+
+def test_arrival_rate_reads_the_routers_request_counter_over_the_window():
+    # vllm-router 0.1.17 counts each inference request it receives as vllm_router_requests_total{route=...}
+    assert Q.arrival_rate == 'sum(rate(vllm_router_requests_total{namespace="team-a",serving="flash"}[60s]))'
+    assert "[90s]" in Queries("n", "s", window_s=90.0).arrival_rate
+
+
+def test_mean_output_tokens_is_the_finished_requests_histogram_sum_over_count():
+    sel = 'namespace="team-a",serving="flash"'
+    assert Q.mean_output_tokens == (f"sum(rate(vllm:request_generation_tokens_sum{{{sel}}}[60s])) / "
+                                    f"sum(rate(vllm:request_generation_tokens_count{{{sel}}}[60s]))")
+
+
+def test_assemble_passes_the_arrival_readings_through_and_drops_meaningless_ones():
+    base = {"sample_age": 1.0, "running": 10.0}
+    s = assemble({**base, "arrival_rate": 12.5, "mean_output_tokens": 480.0}, 0.0, 60.0, 90.0)
+    assert (s.arrival_rate, s.mean_output_tokens) == (12.5, 480.0)
+    # no router series (routing off, or not scraped): no reading, and the policy sizes as before
+    s = assemble(base, 0.0, 60.0, 90.0)
+    assert (s.arrival_rate, s.mean_output_tokens) == (None, None)
+    # extrapolation noise below zero is no arrivals; a zero mean output is no finished request
+    s = assemble({**base, "arrival_rate": -0.01, "mean_output_tokens": 0.0}, 0.0, 60.0, 90.0)
+    assert (s.arrival_rate, s.mean_output_tokens) == (0.0, None)
 
 
 def test_label_values_are_escaped():

@@ -118,3 +118,11 @@ def test_policy_snapshot_reads_the_speed_of_the_requests_that_decoded():
     assert error is None and snap.speed_source == "requests"
     assert snap.speed_p50 == pytest.approx(100.0)  # 1 / 10 ms, not 1 / 7.1 ms
     assert snap.speed_at_percentile == pytest.approx(1.0 / (0.01 + 0.01 * 28 / 35))
+
+
+def test_router_rate_is_none_without_a_router_and_the_counters_rate_with_one():
+    prom = Prometheus((0.01, 0.1), (0.1, 1.0))
+    assert prom.router_rate(100.0, 60.0) is None  # a plain Service: no vllm-router target
+    for t in range(0, 121, 15):
+        prom.ingest_router(float(t), 7.0 * t)
+    assert prom.router_rate(120.0, 60.0) == pytest.approx(7.0)

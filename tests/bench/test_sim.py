@@ -202,3 +202,23 @@ def test_cli_startup_sweep_runs_on_every_seed_with_no_sweep(tmp_path):
     sweep = [(r.seed, r.policy) for r in runs if r.kind == "startup" and r.startup_median_s == 60.0]
     assert sorted(sweep) == [(1, "hpa"), (1, "oracle"), (2, "hpa"), (2, "oracle")]
     assert {r.startup_model for r in runs} == {"cached-node"}
+
+
+@pytest.mark.parametrize("routing", ["affinity", "service"])
+def test_the_router_counts_arrivals_only_where_there_is_a_router(tiny, profile, calib, routing):
+    # The policy reads the arrival rate from the router's vllm_router_requests_total, counted as requests
+    # reach it: what a deployment with a router exports, over the same window as the engine rates. A plain
+    # Service has no router and no such counter. Every request the run saw arrived once at the router.
+    w = _workload(tiny, 3, profile, calib)
+    pol = build(PolicySpec("flashserve"), calib, w.scenario.startup_median_s, 100.0)
+    sim = Simulation(w, pol, Settings(decisions=True, routing=routing))
+    res = sim.run()
+    rates = [d["readings"].get("arrivalRate") for d in res.decisions]
+    if routing == "service":
+        assert not any(rates) and not sim.prom.router
+        return
+    assert all(r is not None and r > 0 for r in rates[4:])
+    assert sim.arrivals * sim.fleet.rank_weight == sim.prom.router[-1][1]
+    assert sim.arrivals >= res.requests
+    # the other half of the arrival-based demand: output tokens per finished request, from the engines
+    assert [d["readings"].get("meanOutputTokens") for d in res.decisions][-1] > 1

@@ -405,7 +405,7 @@ def test_pod_monitor_selects_the_engine_pods_the_operator_renders(render):
     pod_labels = sts["spec"]["template"]["metadata"]["labels"]
     port_names = {p["name"] for c in sts["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
 
-    pm = render(*COMBOS["monitoring"]).find("PodMonitor")
+    pm = render(*COMBOS["monitoring"]).find("PodMonitor", "flashserve-engines")
     assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     (ep,) = pm["spec"]["podMetricsEndpoints"]
     assert ep["port"] in port_names
@@ -414,8 +414,34 @@ def test_pod_monitor_selects_the_engine_pods_the_operator_renders(render):
                        "group": "__meta_kubernetes_pod_label_flashserve_io_group"}  # fmt: skip
     assert "flashserve.io/serving" in pod_labels and "flashserve.io/group" in pod_labels
     assert pm["spec"]["namespaceSelector"] == {"any": True}
-    scoped = render("--set", "monitoring.enabled=true", "--set", "watchNamespaces={team-a}").find("PodMonitor")
+    scoped = render("--set", "monitoring.enabled=true", "--set", "watchNamespaces={team-a}")
+    scoped = scoped.find("PodMonitor", "flashserve-engines")
     assert scoped["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+
+
+def test_router_pod_monitor_selects_the_router_pods_on_their_metrics_port_with_the_serving_label(render):
+    """The autoscaler's arrival rate (promql.Queries.arrival_rate) selects the routers by `serving`: the
+    monitor must find the router pods the operator renders, on the port vllm-router serves /metrics on."""
+    from flashserve.render.renderer import render as render_serving
+
+    objs = render_serving(_FULL_SERVING)
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-router"))
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"]: p["containerPort"] for c in dep["spec"]["template"]["spec"]["containers"]
+             for p in c.get("ports", [])}  # fmt: skip
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    pm = render(*COMBOS["monitoring"]).find("PodMonitor", "flashserve-routers")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    engines = render_serving(_FULL_SERVING)
+    sts = next(o for o in engines if o["kind"] == "StatefulSet")
+    assert not pm["spec"]["selector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert str(ports[ep["port"]]) == args[args.index("--prometheus-port") + 1]
+    relabel = {r["targetLabel"]: r.get("sourceLabels", [r.get("replacement")])[0] for r in ep["relabelings"]}
+    assert relabel == {"serving": "__meta_kubernetes_pod_label_flashserve_io_serving", "job": "vllm-router"}
+    assert pod_labels["flashserve.io/serving"] == sts["spec"]["template"]["metadata"]["labels"]["flashserve.io/serving"]
+    off = render(*COMBOS["monitoring"], "--set", "monitoring.podMonitor.enabled=false")
+    assert not off.all("PodMonitor")
 
 
 def test_pod_monitor_labels_match_the_autoscaler_queries():

@@ -105,6 +105,24 @@ def test_consistent_hash_keeps_a_session_key_on_one_engine(engines, tmp_path):
         router.stop()
 
 
+def test_requests_total_counts_each_inference_request_once_and_no_health_check(engines, tmp_path):
+    """The autoscaler's arrival rate is `sum(rate(vllm_router_requests_total{...}))` (promql.Queries.arrival_rate):
+    one count per inference request the router receives, by route, and none for probes or the model list."""
+    from flashserve.autoscaling.promql import ROUTER_REQUESTS
+
+    router = _router(engines, tmp_path, "round_robin")
+    try:
+        for i in range(5):
+            _chat(router.base, f"arrival {i}")
+        for path in ("/health", "/v1/models"):
+            with urllib.request.urlopen(router.base + path, timeout=10) as r:
+                r.read()
+        counts = mf.samples(router.metrics(), ROUTER_REQUESTS)
+        assert counts == {'{route="/v1/chat/completions"}': 5.0}, counts
+    finally:
+        router.stop()
+
+
 def test_engines_without_the_render_route_leave_cache_aware_without_tokens(tmp_path, vllm_router_bin):
     """What a plain `vllm serve` (no --enable-scale-out) gives the router: render answers 403, and 0.1.17 does
     not fall back to /tokenize then (it does on a 404), so cache_aware routes without the prompt's tokens."""

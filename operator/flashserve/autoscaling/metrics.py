@@ -133,7 +133,17 @@ def assemble(values: dict[str, float | None], stamp: float, window_s: float, per
         kv_usage_max=v("kv_usage_max"),
         ttft_at_percentile_s=v("ttft_at_percentile"),
         replicas_reporting=int(reporting) if reporting is not None else None,
+        arrival_rate=_non_negative(v("arrival_rate")),
+        mean_output_tokens=_positive(v("mean_output_tokens")),
     )
+
+
+def _non_negative(x: float | None) -> float | None:
+    return max(0.0, x) if x is not None else None
+
+
+def _positive(x: float | None) -> float | None:
+    return x if x is not None and x > 0 else None
 
 
 def fetch_snapshot(

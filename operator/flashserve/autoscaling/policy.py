@@ -6,7 +6,8 @@ function in virtual time, so nothing here reads a clock, the network or the clus
 In short (docs/autoscaling.md has the long form):
 
 * demand = running + waiting requests (+ agentic sessions between turns when known), planned ahead by its
-  rising trend over the start-up time (trend.py);
+  rising trend over the start-up time (trend.py); with the router's arrival rate, the running part is capped
+  at what the arrivals keep running at the SLA (Little's law: steps.demand_from_arrivals);
 * capacity = concurrent users one replica serves at the SLA, learned online (capacity.py), and lowered when
   the KV cache rather than speed is the limit;
 * up: when demand exceeds what the replicas already ordered (ready + starting) serve at the SLA, or the SLA

@@ -2,7 +2,9 @@
 
 All queries select one serving's engines by the labels its scrape targets carry (`namespace` and `serving`,
 set by the pod relabelling of kubernetes_sd or by the local cluster's file_sd), and aggregate over every
-engine (`engine` label) of every pod and replica group, so a serving is read as a whole.
+engine (`engine` label) of every pod and replica group, so a serving is read as a whole. The arrival rate is
+read the same way from the serving's router pods (job `vllm-router`, the same two labels: the chart's
+router PodMonitor and the local cluster's scrape config set them as for the engines).
 
 Direction of the speed percentile: an SLA "p90 per-user speed >= 100 tok/s" means 90% of the users (here:
 requests) get at least that speed, so it is limited by the SLOW tail, i.e. the LONG times per token. The
@@ -57,6 +59,10 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+# vllm-router's arrival counter: one per request it receives on an inference route, counted on receipt (before
+# it picks a worker, whether or not one is ready), labelled by `route` only. Health and model-list calls are
+# not counted (checked against 0.1.17).
+ROUTER_REQUESTS = "vllm_router_requests_total"
 
 NAMESPACE_LABEL = "namespace"
 SERVING_LABEL = "serving"
@@ -155,6 +161,24 @@ class Queries:
         return f"sum(rate({GENERATION_TOKENS}{{{self.sel}}}[{self.w}]))"
 
     @property
+    def mean_output_tokens(self) -> str:
+        """Output tokens per request finished in the window: the sum over the count of
+        `vllm:request_generation_tokens` (one observation per finished request). With the SLA speed it gives a
+        request's duration at the SLA, the W of Little's law for the arrival-based ceiling (steps.py)."""
+        return (
+            f"sum(rate({GENERATION_TOKENS_PER_REQUEST}_sum{{{self.sel}}}[{self.w}])) / "
+            f"sum(rate({GENERATION_TOKENS_PER_REQUEST}_count{{{self.sel}}}[{self.w}]))"
+        )
+
+    @property
+    def arrival_rate(self) -> str:
+        """Requests per second arriving at the serving's routers (vllm-router's own counter, summed over its
+        pods and routes): what users send, whatever the engines' backlog. vLLM exports no arrival counter; its
+        finished and running counts follow the service, not the demand. No sample without a router (routing
+        disabled) or when its pods are not scraped: the policy then sizes on the engines alone."""
+        return f"sum(rate({ROUTER_REQUESTS}{{{self.sel}}}[{self.w}]))"
+
+    @property
     def running(self) -> str:
         """Requests in the engines' running set now (prefill or decode): the served part of demand."""
         return f"sum({RUNNING}{{{self.sel}}})"
@@ -201,6 +225,7 @@ class Queries:
         names = (
             "sample_age", "running", "waiting", "running_avg", "generation_tokens_rate", "itl_steps_rate",
             "first_tokens_rate", "tpot_requests_rate", "tpot_at_percentile", "tpot_p50", "itl_at_percentile", "itl_p50",
-            "kv_usage_avg", "kv_usage_max", "ttft_at_percentile", "replicas_reporting",
+            "kv_usage_avg", "kv_usage_max", "ttft_at_percentile", "replicas_reporting", "mean_output_tokens",
+            "arrival_rate",
         )  # fmt: skip
         return {n: getattr(self, n) for n in names}

@@ -54,6 +54,11 @@ class MetricsSnapshot:
     """Replica groups with at least one engine scraped."""
     sessions_between_turns: float | None = None
     """Agentic sessions waiting on a tool call (a router metric; vLLM has none). A leading indicator."""
+    arrival_rate: float | None = None
+    """Requests per second arriving at the serving's routers over the window (vllm_router_requests_total;
+    an agentic session's turns each count). None without a router or when its pods are not scraped."""
+    mean_output_tokens: float | None = None
+    """Output tokens per request finished in the window (vllm:request_generation_tokens sum over count)."""
 
     def to_dict(self) -> dict:
         return {k: _round(v) for k, v in asdict(self).items() if v is not None}

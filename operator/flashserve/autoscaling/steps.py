@@ -1,7 +1,7 @@
 """The steps of a decision on a fresh reading with replicas serving, each a pure function from frozen values to
 a frozen value:
 
-    read_load -> estimate_capacity -> find_breaches -> capacity_under_breach -> plan_demand
+    read_load -> demand_from_arrivals -> estimate_capacity -> find_breaches -> capacity_under_breach -> plan_demand
               -> act (scale_up | hold_on_breach | scale_down) -> sla_state
 
 `decide_on_metrics` runs them in that order; policy.decide wraps it with the blind path, min/max and the
@@ -53,6 +53,14 @@ SEVERE_BREACH = 0.9
 LOCAL_OVERRIDE = 0.85
 # Speeds within this factor above the SLA report the SLA as AtRisk.
 AT_RISK_MARGIN = 1.05
+# The first-token part of a request's time in the arrival-based demand, at most: the SLA's TTFT target where it
+# sets one, else this. The measured TTFT stands in when lower; it is never taken above this, since in
+# overload it is queueing, the very backlog the arrival-based demand leaves out.
+ARRIVAL_TTFT_S = 0.5
+# The median user of a fleet held at the SLA decodes faster than the SLA percentile's: the window's ratio of
+# the two speeds sizes a request's mean duration, within these bounds (a wild ratio from a handful of requests
+# must not shrink the duration much).
+ARRIVAL_SPEED_RATIO = (1.0, 1.5)
 
 Readings = tuple[tuple[str, object], ...]
 """Decision readings as (key, value) pairs, in the order status shows them."""
@@ -78,6 +86,8 @@ class Load:
     ttft_s: float | None
     window_clean: bool
     """The rate window did not straddle a readiness change: the reading may be learned from."""
+    arrival_demand: float | None = None
+    """Requests the router's arrivals keep running at the SLA speed (Little's law), where known."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +187,7 @@ def decide_on_metrics(
     cfg: PolicyConfig, now: float, reps: ReplicaCounts, base: int, m: MetricsSnapshot, state: PolicyState,
     ready_stable_s: float,
 ) -> Outcome:  # fmt: skip
-    load = read_load(cfg, m, reps.ready, ready_stable_s)
+    load = demand_from_arrivals(cfg, m, read_load(cfg, m, reps.ready, ready_stable_s))
     est = estimate_capacity(cfg, now, load, state)
     br = find_breaches(cfg, now, load, state)
     est = capacity_under_breach(cfg, load, est, br)
@@ -233,6 +243,42 @@ def read_load(cfg: PolicyConfig, m: MetricsSnapshot, ready: int, ready_stable_s:
         ttft_s=m.ttft_at_percentile_s,
         window_clean=ready_stable_s >= cfg.metrics_window_s,
     )
+
+
+def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load) -> Load:
+    """Cap the running part of the demand at what the arrivals need, where the router reports them.
+
+    Running requests are a stock, and slow service swells it: in overload each request stays longer than at
+    the SLA speed, the stock grows every evaluation while the arrivals do not, its rise reads as a trend, and
+    sizing on it orders up to maxReplicas for users who need half that (docs/autoscaling.md, "Demand from
+    arrivals"). By Little's law the same arrivals served at the SLA keep arrival_rate x W requests running,
+    W = mean output tokens / the median user's speed at the SLA (SLA x the window's p50/percentile speed
+    ratio) + a first-token allowance. Only while users are below SEVERE_BREACH x the SLA (the overload that
+    swells the stock), and never below the requests running now counted at the SLA speed (the peak memory's
+    figure): a window shorter than a long request undercounts its arrivals.
+
+    The queue is counted as it is, not from arrivals: a queued turn of an agentic session holds back that
+    session's next turns until it is served, so in overload the router sees fewer arrivals than the users
+    behind the queue will send (measured: sizing the queue from arrivals too cost a 15.7x step 40 points of
+    attainment). Sessions between turns are added as before. Only ever lowers the demand, and only with both
+    readings: without a router (or with its pods unscraped) nothing changes."""
+    rate, out = m.arrival_rate, m.mean_output_tokens
+    if rate is None or out is None:
+        return load
+    sla, speed = cfg.sla_tokens_per_s, load.speed
+    ratio = 1.0
+    if m.speed_p50 is not None and speed is not None and speed > 0:
+        ratio = min(max(m.speed_p50 / speed, ARRIVAL_SPEED_RATIO[0]), ARRIVAL_SPEED_RATIO[1])
+    allowance = cfg.ttft_seconds if cfg.ttft_seconds is not None else ARRIVAL_TTFT_S
+    ttft = min(m.ttft_at_percentile_s, allowance) if m.ttft_at_percentile_s is not None else allowance
+    at_sla = rate * (out / (sla * ratio) + ttft)
+    if speed is None or speed >= SEVERE_BREACH * sla:
+        # Users near the SLA: slow service has not swollen the stock, and the estimate's own error (the
+        # window lags a rise, long requests weigh more in the stock than in the mean) would trim real demand.
+        return replace(load, arrival_demand=at_sla)
+    served_at_sla = load.running * speed / sla
+    running = min(load.demand - load.waiting - load.sessions, max(at_sla, served_at_sla))
+    return replace(load, demand=running + load.waiting + load.sessions, arrival_demand=at_sla)
 
 
 def estimate_capacity(cfg: PolicyConfig, now: float, load: Load, state: PolicyState) -> CapacityEstimate:
@@ -420,6 +466,9 @@ def sla_state(cfg: PolicyConfig, load: Load, br: Breaches, want: int, base: int)
 def readings(m: MetricsSnapshot, load: Load, est: CapacityEstimate, demand: Demand) -> Readings:
     return (
         ("demand", rounded(load.demand)),
+        ("arrivalRate", rounded(m.arrival_rate)),
+        ("meanOutputTokens", rounded(m.mean_output_tokens)),
+        ("arrivalDemand", rounded(load.arrival_demand)),
         ("demandTrendPerMinute", rounded(demand.trend.trend * 60.0)),
         ("demandPlanned", rounded(demand.planned)),
         ("running", rounded(load.running)),

@@ -281,6 +281,7 @@ class FluidSimulation(Simulation):
 
     def _route_new(self, n: int) -> None:
         """`n` new sessions, one after the other, each to the replica with the fewest sessions (as `_route`)."""
+        self.arrivals += n
         heap = [(self._st(g).sessions, g.index, self._st(g)) for g in self.fleet.ready_list]
         if not heap:
             self.router += n
@@ -350,6 +351,7 @@ class FluidSimulation(Simulation):
             if not open_:
                 s.gap = 0.0
                 continue
+            self.arrivals += turns  # next turns back from their tool gap, at the router before a replica
             if g.state == DRAINING:
                 self._route(turns, g)
                 continue
@@ -414,6 +416,7 @@ class FluidSimulation(Simulation):
                 prefix_queries=s.started * self.st.prompt_tokens, prefix_hits=s.hits * self.st.prompt_tokens,
                 tpot_count=sum(s.tpot), tpot_buckets=_cum(s.tpot),
             ))  # fmt: skip
+        self.scrape_router(now)
         self.prom.forget_old(now)
         if self.s.timeline:
             self.record_timeline(now, running + waiting)

@@ -67,6 +67,9 @@ def snapshot(prom: Prometheus, now: float, window_s: float, percentile: float) -
         "kv_usage_max": max(kv.values()) if kv else None,
         "ttft_at_percentile": prom.histogram_quantile(percentile / 100.0, now, window_s, "ttft"),
         "replicas_reporting": float(len({s.group for s in prom.live(now)})),
+        "mean_output_tokens": _ratio(prom.rate_sum(now, window_s, "output_tokens_done"),
+                                     prom.rate_sum(now, window_s, "output_count")),
+        "arrival_rate": prom.router_rate(now, window_s),
     }
     return assemble(values, now, window_s, percentile), None
 
@@ -74,6 +77,11 @@ def snapshot(prom: Prometheus, now: float, window_s: float, percentile: float) -
 def _less(a: float | None, b: float | None) -> float | None:
     """PromQL's `a - b` of two one-sample vectors: no sample unless both have one."""
     return None if a is None or b is None else a - b
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """PromQL's `a / b` of two one-sample vectors: no sample unless both have one (NaN for 0/0)."""
+    return None if a is None or b is None or b == 0 else a / b
 
 
 def _sum(d: dict[str, float]) -> float | None:

@@ -80,6 +80,9 @@ class Prometheus:
         self.series: dict[str, Series] = {}
         # bucket rates of the current state, by query: a policy asks for several quantiles of one histogram
         self._rates: dict[tuple, list[float] | None] = {}
+        # the router's vllm_router_requests_total, (scrape time, value): one target that lives as long as the
+        # serving, apart from the engines' series
+        self.router: deque[tuple[float, float]] = deque()
 
     # ------------------------------------------------------------------ ingest
     def ingest(self, key: str, pod: str, group: int, weight: float, sample: Sample) -> None:
@@ -90,6 +93,19 @@ class Prometheus:
         s.samples.append(sample)
         while s.samples and s.samples[0].t < sample.t - RETENTION_S:
             s.samples.popleft()
+
+    def ingest_router(self, t: float, requests_total: float) -> None:
+        """A scrape of the router pod: its arrival counter (requests received, before any is routed)."""
+        self.router.append((t, requests_total))
+        while self.router and self.router[0][0] < t - RETENTION_S:
+            self.router.popleft()
+
+    def router_rate(self, now: float, window_s: float) -> float | None:
+        """sum(rate(vllm_router_requests_total[w])); None without a router target (a plain Service)."""
+        pts = [(t, v) for t, v in self.router if now - window_s < t <= now]
+        if len(pts) < 2:
+            return None
+        return extrapolated_rate(pts, now - window_s, now)
 
     def target_gone(self, pod: str, now: float) -> None:
         """A scrape target (pod) disappeared: Prometheus writes staleness markers, its series end now."""

@@ -195,6 +195,9 @@ class Simulation:
         self.rec = Recorder()
         self.scale_actions = 0
         self.router_queue: list = []
+        # requests (turns) arrived at the router, as its vllm_router_requests_total counts them: on receipt,
+        # whether a replica is ready or not, and not again when a queued one is routed
+        self.arrivals = 0.0
         # engine clocks start at 0: internal time runs from the start of the warm-up
         self.off = self.sc.warmup_s
         self.end = self.off + self.sc.duration_s
@@ -258,6 +261,7 @@ class Simulation:
                 self.rec.refuse()
             self.fleet.end_session(s)
             return
+        self.arrivals += 1
         r = self.fleet.route_session(s)
         if r is None:
             self.router_queue.append((now, s, turn))
@@ -267,6 +271,8 @@ class Simulation:
 
     def on_trace(self, i: int, now: float, arrival: float | None = None) -> None:
         req = self.w.trace[i]
+        if arrival is None:  # a new request, not one the router held until a replica was ready
+            self.arrivals += 1
         if req.input_length + req.output_length > self.fleet.cfg.max_model_len:
             if (now if arrival is None else arrival) >= self.off:
                 self.rec.refuse()  # vLLM answers 400: the prompt and its max_tokens do not fit the context
@@ -313,6 +319,7 @@ class Simulation:
                 prefix_hits=st.prefix_hits, tpot_count=tpot.n, tpot_buckets=tuple(accumulate(tpot.counts[:-1])),
                 one_token_requests=st.req_generation_tokens.counts[0],
             ))  # fmt: skip
+        self.scrape_router(now)
         self.prom.forget_old(now)
         if self.step_base is None and now >= self.off:
             self.step_base = {r.key: self.step_counts(r) for r in self.ranks()}
@@ -320,6 +327,13 @@ class Simulation:
                                 for r in self.ranks()}  # fmt: skip
         if self.s.timeline:
             self.record_timeline(now, running + waiting)
+
+    def scrape_router(self, now: float) -> None:
+        """The router pod's metrics, scraped with the engines'. A plain Service (routing `service`) has no
+        router, so no arrival counter: the policy then sizes on the engines' readings alone."""
+        if self.s.routing != "service":
+            # one simulated rank per replica stands for rank_weight of them, as its engine series do
+            self.prom.ingest_router(now, self.arrivals * self.fleet.rank_weight)
 
     def record_timeline(self, now: float, in_engines: float) -> None:
         """One point of the timeline figure: replicas wanted and ready, demand and the oracle's need."""
