@@ -70,6 +70,19 @@ def _pydantic_errors(exc: ValidationError, prefix: str) -> list[FieldError]:
     return list(out.values())
 
 
+def _pod_placement_errors(path: str, tolerations: list, node_selector: dict) -> list[FieldError]:
+    """Tolerations and nodeSelector keys as Kubernetes validates them, for the engines' and the router's pods."""
+    errs = []
+    for i, tol in enumerate(tolerations):
+        for field, message in kubevalues.toleration_errors(tol.key, tol.operator, tol.value, tol.effect,
+                                                           tol.toleration_seconds):  # fmt: skip
+            errs.append(FieldError(f"{path}.tolerations[{i}].{field}", message))
+    for key in node_selector:
+        if message := kubevalues.prefix_error(key):
+            errs.append(FieldError(f"{path}.nodeSelector[{key[:40]!r}]", message))
+    return errs
+
+
 def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
     """Rules that relate several fields. Returns every broken rule, not just the first."""
     errs: list[FieldError] = []
@@ -193,21 +206,8 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
         except ValueError as exc:
             errs.append(FieldError(f"spec.engine.resources.{key}", str(exc)))
     place = spec.placement
-    for i, tol in enumerate(place.tolerations):
-        for field, message in kubevalues.toleration_errors(tol.key, tol.operator, tol.value, tol.effect,
-                                                           tol.toleration_seconds):  # fmt: skip
-            errs.append(FieldError(f"spec.placement.tolerations[{i}].{field}", message))
-    for key in place.node_selector:
-        if message := kubevalues.prefix_error(key):
-            errs.append(FieldError(f"spec.placement.nodeSelector[{key[:40]!r}]", message))
-    routing = spec.routing
-    for i, tol in enumerate(routing.tolerations):
-        for field, message in kubevalues.toleration_errors(tol.key, tol.operator, tol.value, tol.effect,
-                                                           tol.toleration_seconds):  # fmt: skip
-            errs.append(FieldError(f"spec.routing.tolerations[{i}].{field}", message))
-    for key in routing.node_selector:
-        if message := kubevalues.prefix_error(key):
-            errs.append(FieldError(f"spec.routing.nodeSelector[{key[:40]!r}]", message))
+    errs += _pod_placement_errors("spec.placement", place.tolerations, place.node_selector)
+    errs += _pod_placement_errors("spec.routing", spec.routing.tolerations, spec.routing.node_selector)
     if message := kubevalues.prefix_error(place.nvlink_domain.topology_key):
         errs.append(FieldError("spec.placement.nvlinkDomain.topologyKey", message))
     for i, message in extra_args_errors(eng.extra_args):

@@ -517,14 +517,10 @@ def compare_cmd(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.equal_attainment:
         return _equal_attainment(args)
-    try:
-        pairs = report.paired(report.read_csv(args.a), report.read_csv(args.b))
-    except FileNotFoundError as exc:
-        print(f"flashserve bench compare: {exc.filename}: no such file", file=sys.stderr)
+    runs = _read_both(args)
+    if runs is None:
         return 2
-    except (OSError, ValueError) as exc:
-        print(f"flashserve bench compare: {exc}", file=sys.stderr)
-        return 2
+    pairs = report.paired(*runs)
     if not pairs:
         print(f"flashserve bench compare: {args.a} and {args.b} have no run in common (same policy, scenario, "
               "seed and setting)", file=sys.stderr)  # fmt: skip
@@ -550,17 +546,26 @@ def compare_cmd(argv: list[str]) -> int:
     return 0
 
 
-def _equal_attainment(args) -> int:
+def _read_both(args) -> tuple[list, list] | None:
+    """The runs of `bench compare`'s two CSVs; None (said on stderr) when either cannot be read."""
     from flashserve_testbed.bench import report
 
     try:
-        a, b = report.read_csv(args.a), report.read_csv(args.b)
+        return report.read_csv(args.a), report.read_csv(args.b)
     except FileNotFoundError as exc:
         print(f"flashserve bench compare: {exc.filename}: no such file", file=sys.stderr)
-        return 2
     except (OSError, ValueError) as exc:
         print(f"flashserve bench compare: {exc}", file=sys.stderr)
+    return None
+
+
+def _equal_attainment(args) -> int:
+    from flashserve_testbed.bench import report
+
+    runs = _read_both(args)
+    if runs is None:
         return 2
+    a, b = runs
     rows = report.equal_attainment_between(a, b, args.equal_attainment)
     if not rows:
         print(f"flashserve bench compare: {args.a} and {args.b} share no scenario with {args.equal_attainment}'s "
