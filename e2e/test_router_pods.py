@@ -176,8 +176,11 @@ def test_the_router_uses_its_own_service_account_token_never_the_admin_credentia
         path = stack.logs / "credentials" / f"{stack.namespace}_{pod.metadata.name}_{pod.metadata.uid}.kubeconfig"
         assert path.stat().st_mode & 0o077 == 0
         doc = yaml.safe_load(path.read_text())
-        assert list(doc["users"][0]["user"]) == ["token"]  # no client certificate: not the admin's
-        claims = json.loads(_b64url(doc["users"][0]["user"]["token"].split(".")[1]))
+        # no client certificate, no inline token: not the admin's; a token file the runtime refreshes
+        assert list(doc["users"][0]["user"]) == ["tokenFile"]
+        token_file = Path(doc["users"][0]["user"]["tokenFile"])
+        assert token_file.stat().st_mode & 0o077 == 0
+        claims = json.loads(_b64url(token_file.read_text().strip().split(".")[1]))
         assert claims["sub"] == f"system:serviceaccount:{stack.namespace}:{ROUTER}"
         assert claims["kubernetes.io"]["pod"]["name"] == pod.metadata.name  # bound to this pod
 
