@@ -30,6 +30,8 @@ from flashserve_testbed.localcluster import (
 )
 from flashserve_testbed.localcluster.controlplane import ControlPlane
 
+from e2e.support import wait_established
+
 REPO = Path(__file__).resolve().parents[1]
 E2E = Path(__file__).resolve().parent
 CRD_FILE = REPO / "crds" / "flashserve.io_deepseekservings.yaml"
@@ -175,7 +177,7 @@ def crd_installed(kubectl: KubectlRun) -> str:
     if not CRD_FILE.exists():
         pytest.skip(f"{CRD_FILE.relative_to(REPO)} does not exist yet")
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(kubectl, CRD_NAME)
     # Discovery of the new resource lags Established by a moment; kubectl apply of a CR needs it.
     deadline = time.monotonic() + 30
     while kubectl("get", "deepseekservings", "-A", check=False).returncode != 0:

@@ -156,3 +156,12 @@ def stop_runtime(runtime: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(runtime.pid, signal.SIGKILL)
         runtime.wait(timeout=10)
+
+
+def wait_established(kubectl, crd: str, timeout: float = 60) -> None:
+    """Wait until a CRD is Established. Polled rather than `kubectl wait`: on a fresh API server a CRD applied a
+    moment ago can have no conditions yet, and `kubectl wait` then fails at once instead of waiting."""
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_until(lambda: kubectl("get", "crd", crd, "-o", f"jsonpath={jsonpath}", check=False).stdout.strip() == "True",
+               timeout, what=f"CRD {crd} Established")
+

@@ -17,7 +17,7 @@ import yaml
 from flashserve.render.naming import group_name
 
 from e2e.conftest import CRD_NAME
-from e2e.support import OperatorProcess, condition, get_json, wait_until
+from e2e.support import OperatorProcess, condition, get_json, wait_established, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "flashserve"
@@ -134,7 +134,7 @@ def test_helm_install_namespaced_operator_reconciles_and_autoscales_with_chart_r
                "--wait", "--timeout", "120s").stdout  # fmt: skip
     assert "kind: DeepSeekServing" in out  # NOTES.txt: what to apply next
     try:
-        kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        wait_established(kubectl, CRD_NAME)
         if not crd_existed:
             assert get_json(kubectl, "crd", CRD_NAME)["metadata"]["name"] == CRD_NAME  # helm installed it from crds/
         dep = get_json(kubectl, "-n", release_ns, "deploy", op)
@@ -302,7 +302,7 @@ def test_kubectl_apply_install_manifest(cluster, kubectl):
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(INSTALL))
     rest = yaml.safe_dump_all([d for d in docs if d["kind"] != "CustomResourceDefinition"])
     try:
-        kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        wait_established(kubectl, CRD_NAME)
         sa = f"system:serviceaccount:{ns}:flashserve-operator"
         wait_until(lambda: get_json(kubectl, "-n", ns, "deploy", "flashserve-operator").get("status", {}).get("replicas") == 2,
                    60, what="Deployment created its pods")  # fmt: skip

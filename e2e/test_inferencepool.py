@@ -13,6 +13,7 @@ import yaml
 from flashserve.render.renderer import render
 
 from e2e.conftest import REPO, KubectlRun
+from e2e.support import wait_established
 from tests.conftest import SAMPLES
 
 POOL_CRD = REPO / "e2e" / "crds" / "inferencepool-v1.yaml"
@@ -24,7 +25,7 @@ def inferencepool_crd(kubectl: KubectlRun) -> str:
     """The project's InferencePool CRD, applied and Established; removed after if this module installed it."""
     existed = kubectl("get", "crd", POOL_CRD_NAME, check=False).returncode == 0
     kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=flashserve-e2e", "-f", str(POOL_CRD))
-    kubectl("wait", "--for=condition=Established", f"crd/{POOL_CRD_NAME}", "--timeout=60s")
+    wait_established(kubectl, POOL_CRD_NAME)
     deadline = time.monotonic() + 30
     while kubectl("get", "inferencepools", "-A", check=False).returncode != 0:  # discovery lags Established
         assert time.monotonic() < deadline, "InferencePool resource not served after 30s"

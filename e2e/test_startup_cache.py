@@ -36,13 +36,13 @@ def _epoch(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def _local_pv(name: str, node: str, modes: list[str], path: str) -> dict:
+def _local_pv(name: str, nodes: list[str], modes: list[str], path: str) -> dict:
     return {"apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": name, "labels": {"flashserve.io/e2e": "true"}},
             "spec": {"capacity": {"storage": "1Ti"}, "accessModes": modes, "persistentVolumeReclaimPolicy": "Retain",
                      "storageClassName": "flashserve-local-e2e", "local": {"path": path},
                      "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                         {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}}
+                         {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}}
 
 
 def _claim(name: str, namespace: str, volume: str, modes: list[str]) -> dict:
@@ -96,20 +96,23 @@ class Stack:
 
 
 @contextlib.contextmanager
-def cache_stack(info, kube, kubectl, namespace: str, tmp_path: Path, node_index: int):
+def cache_stack(info, kube, kubectl, namespace: str, tmp_path: Path, node_index: int | None,
+                claims: tuple[str, str] = ("weights", "kernels")):
     """Local volumes for the weights (ReadWriteOnce: NodeLocal) and kernel (ReadWriteMany) claims on one GB200
-    node, the operator, and the mock runtime with its start-up model (the demo profile: a cold start of ~20
-    engine-s, at time scale 1)."""
+    node (every GB200 node with `node_index` None: each node has its own disk under the path), the operator,
+    and the mock runtime with its start-up model (the demo profile: a cold start of ~20 engine-s, at time
+    scale 1). `claims` names the weights and kernel claims."""
     from kubernetes import client
 
     core = client.CoreV1Api(kube)
     nodes = sorted(n.metadata.name for n in core.list_node(label_selector=f"nvidia.com/gpu.product={GB200}").items)
-    node = nodes[node_index]
+    node = nodes[node_index] if node_index is not None else ""
+    on = [node] if node_index is not None else nodes
     weights_pv, kernels_pv = f"{namespace}-weights", f"{namespace}-kernels"
-    objects = [_local_pv(weights_pv, node, ["ReadWriteOnce"], "/mnt/nvme/flashserve/weights"),
-               _local_pv(kernels_pv, node, ["ReadWriteMany"], "/mnt/nvme/flashserve/kernels"),
-               _claim("weights", namespace, weights_pv, ["ReadWriteOnce"]),
-               _claim("kernels", namespace, kernels_pv, ["ReadWriteMany"])]
+    objects = [_local_pv(weights_pv, on, ["ReadWriteOnce"], "/mnt/nvme/flashserve/weights"),
+               _local_pv(kernels_pv, on, ["ReadWriteMany"], "/mnt/nvme/flashserve/kernels"),
+               _claim(claims[0], namespace, weights_pv, ["ReadWriteOnce"]),
+               _claim(claims[1], namespace, kernels_pv, ["ReadWriteMany"])]
     kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
     operator = OperatorProcess(info.kubeconfig, namespace, tmp_path).start()
     port = free_port()
@@ -185,3 +188,37 @@ def test_a_prefetched_and_pre_pulled_node_starts_its_first_replica_without_pull_
           f"{_running_to_ready(pod):.0f}s")
     assert started["cacheState"] == "weights-cached"  # the kernels are compiled by this first start
     assert started["paid"] == ["load", "compile", "warmup"]
+
+
+def test_the_caches_sample_applies_and_runs_with_its_prefetch_and_pre_pull(external_cluster, kube, kubectl,
+                                                                            crd_installed, namespace, tmp_path):
+    """`kubectl apply` of manifests/samples/gb200-startup-caches.yaml as shipped (its two claims, bound here to
+    local volumes spanning the GB200 nodes, and its token Secret made first, as its header says): the prefetch
+    and pre-pull DaemonSets are made, both replicas turn Ready, and each group's start-up is in status with the
+    cache state it found."""
+    sample = Path(__file__).resolve().parents[1] / "manifests" / "samples" / "gb200-startup-caches.yaml"
+    cr = yaml.safe_load(sample.read_text())
+    cr["metadata"]["namespace"] = namespace
+    wc, kc = cr["spec"]["startup"]["weightsCache"]["claimName"], cr["spec"]["startup"]["kernelCache"]["claimName"]
+    secret = cr["spec"]["model"]["source"]["huggingFace"]["tokenSecretRef"]["name"]
+    kubectl("create", "secret", "generic", secret, "-n", namespace, "--from-literal=token=hf_e2e")
+    with cache_stack(external_cluster, kube, kubectl, namespace, tmp_path, node_index=None, claims=(wc, kc)) as stack:
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        name = cr["metadata"]["name"]
+
+        def both_recorded() -> list | None:
+            obj = json.loads(kubectl("get", "dss", name, "-n", namespace, "-o", "json").stdout)
+            recent = ((obj.get("status") or {}).get("startup") or {}).get("recent") or []
+            return recent if len(recent) >= cr["spec"]["replicas"] else None
+
+        recent = wait_until(both_recorded, 150, interval=1.0, what="both groups' start-ups in status")
+        kinds = json.loads(kubectl("get", "daemonsets", "-n", namespace, "-o", "json").stdout)["items"]
+        engines = stack.engines()
+    components = sorted(d["metadata"]["labels"].get("app.kubernetes.io/component", "") for d in kinds)
+    print(f"\nsample {sample.name}: {[(r['group'], r['cacheState'], r['seconds']) for r in recent]}; "
+          f"engines {[(e['pod'], e['startup']['cacheState'], e['startup']['paid']) for e in engines.values()]}")
+    assert components == ["image-prepull", "weights-prefetch"], components
+    assert {r["group"] for r in recent} == set(range(cr["spec"]["replicas"]))
+    assert all(r["cacheState"] in ("cold", "weights-cached", "warm") for r in recent)
+    assert all(r["seconds"]["ready"] is not None and r["seconds"]["ready"] >= r["seconds"]["running"] for r in recent)
+    assert len(engines) == cr["spec"]["replicas"] and all(e["startup"]["model"] == "caches" for e in engines.values())
