@@ -61,6 +61,8 @@ def test_build_hands_the_fields_to_the_policy_config(calib):
     both = build(PolicySpec("flashserve", "sweep", 1.1, "scale_up_utilization", ov), calib, 300.0, 100.0)
     cfg = both.config(context(calib, 100.0))
     assert cfg.scale_up_utilization == 1.1 and cfg.scale_down_utilization == 0.7
+    assert (both.knob, both.knob_value) == ("scale_up_utilization", 1.1)  # the CSV names the swept knob
+    assert (pol.knob, pol.knob_value) == ("scale_up_utilization", 1.0)  # numbers only in the knob columns
     plain = build(PolicySpec("flashserve"), calib, 300.0, 100.0).config(context(calib, 100.0))
     assert plain.scale_down_utilization == 0.8 and plain.peak_window_s == 1200.0
 
@@ -114,3 +116,48 @@ def test_the_held_out_table_and_checks_read_the_set_policys_row():
     text, ch = protocol.markdown(test, 0.95, {}, label)
     assert f"| {label} | 95.0% / 1.50 | 95.0% / 1.50 |" in text
     assert [d.split(" (")[0] for d in ch.dominated] == ["step: hpa"]
+
+
+def test_cli_train_only_runs_the_set_policy_on_the_train_set_alone(monkeypatch, calib, capsys, tmp_path):
+    from flashserve_testbed.bench import calibrate, fluid
+
+    seen = {}
+
+    def run_train(profile, calib_, settings, fams, n_train, jobs, curve, progress, ours):
+        seen.update(fams=fams, n_train=n_train, ours=ours)
+        return [_res(ours.label, "step-1001", 0.9, 1.2), _res(ours.label, "step-1002", 0.96, 1.4)]
+
+    def no_test_set(*a, **k):
+        raise AssertionError("--train-only ran the test set")
+
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: calib)
+    monkeypatch.setattr(fluid, "build_curve", lambda *a, **k: None)
+    monkeypatch.setattr(protocol, "run_train", run_train)
+    monkeypatch.setattr(protocol, "run", no_test_set)
+    out = tmp_path / "t.json"
+    assert cli.main(["autoscale", "--heldout", "--train-only", "--families", "step", "--quiet", "--json", str(out),
+                     "--flashserve-set", "peak_window_startups=2"]) == 0  # fmt: skip
+    assert seen["fams"] == ["step"] and seen["n_train"] == 2
+    assert seen["ours"].label == "flashserve@peak_window_startups=2"
+    assert "| flashserve@peak_window_startups=2 | 93.00% / 1.300 | 93.00% / 1.300 |" in capsys.readouterr().out
+    import json
+
+    got = json.loads(out.read_text())
+    assert got["setting"] == "flashserve@peak_window_startups=2" and got["train"]["all"]["runs"] == 2
+
+
+def test_cli_heldout_hands_the_set_policy_to_the_protocol(monkeypatch, calib, capsys):
+    from flashserve_testbed.bench import calibrate, fluid
+
+    seen = {}
+
+    def run(profile, calib_, settings, fams, n_train, n_test, jobs, curve, progress, ours):
+        seen["ours"] = ours
+        return [], [_res("oracle", "step-2001", 0.99, 1.0), _res(ours.label, "step-2001", 0.97, 1.3)], 0.95, {}
+
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: calib)
+    monkeypatch.setattr(fluid, "build_curve", lambda *a, **k: None)
+    monkeypatch.setattr(protocol, "run", run)
+    assert cli.main(["autoscale", "--heldout", "--quiet", "--no-plots", "--flashserve-set", "scale_up_utilization=0.9"]) == 0
+    assert seen["ours"].overrides == (("scale_up_utilization", 0.9),)
+    assert "| flashserve@scale_up_utilization=0.9 | 97.0% / 1.30 |" in capsys.readouterr().out

@@ -103,7 +103,7 @@ class FlashServe(Policy):
     knob = "scale_up_utilization"
 
     def __init__(self, calib: Calibration, startup_s: float, name: str = "flashserve", learn_startup: bool = True,
-                 **overrides) -> None:  # fmt: skip
+                 knob: tuple[str, float] | None = None, **overrides) -> None:  # fmt: skip
         self.calib = calib
         self.startup_s = startup_s
         self.learn_startup = learn_startup
@@ -114,7 +114,9 @@ class FlashServe(Policy):
         self.state = PolicyState()
         self.decisions: list = []
         self.interval_s = 15.0
-        self.knob, self.knob_value = next(iter(overrides.items()), ("scale_up_utilization", 1.0))
+        # the CSV's knob columns: the swept knob, else scale_up_utilization as run (numbers only, whatever
+        # else --flashserve-set set is in the label)
+        self.knob, self.knob_value = knob or ("scale_up_utilization", float(overrides.get("scale_up_utilization", 1.0)))
 
     def config(self, ctx: Context) -> PolicyConfig:
         if self.cfg is None:
@@ -251,10 +253,11 @@ def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float, le
         learn = bool(kw.pop("learn_startup", learn_startup))
         if var == "sweep":
             if spec.param == "peak_startups":  # relative, so that it follows the start-up time
-                kw["peak_memory_s"] = share * startup_s
+                knob = ("peak_memory_s", share * startup_s)
             else:
-                kw[spec.param] = share
-            return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, **kw)
+                knob = (spec.param, share)
+            kw[knob[0]] = knob[1]
+            return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, knob=knob, **kw)
         if var == "tuned":
             raise ValueError("flashserve is run at its defaults; sweep its knob instead")
         return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, **kw)
