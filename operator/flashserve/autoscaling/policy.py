@@ -63,7 +63,7 @@ from flashserve.autoscaling.reasons import (
 from flashserve.autoscaling.replicas import ReplicaCounts
 from flashserve.autoscaling.snapshot import MetricsSnapshot
 from flashserve.autoscaling.startup import StartupLearner, StartupSample
-from flashserve.autoscaling.steps import Outcome, decide_on_metrics, rounded
+from flashserve.autoscaling.steps import SEVERE_BREACH, Outcome, decide_on_metrics, rounded
 from flashserve.autoscaling.trend import DemandTrend
 
 if TYPE_CHECKING:
@@ -115,6 +115,10 @@ class PolicyConfig:
     early)."""
     session_weight: float = 1.0
     """Weight of a session between turns in demand (it is expected back within seconds)."""
+    severe_breach: float = SEVERE_BREACH
+    """Users below this share of the SLA are a severe breach (acted on at once, without breach_confirm_s) and,
+    with concurrency past the learned capacity, deep overload (sized on the learned capacity, not learned
+    from); the router's arrivals cap the running demand only below it."""
     overload_demand_at_sla: bool = False
     """Off by default. While users are below the SLA, count the running requests at the SLA speed (running x
     speed / SLA). By Little's law an overloaded fleet holds more requests than the same arrivals would at the
