@@ -731,3 +731,17 @@ def test_without_both_arrival_readings_the_decision_is_unchanged(extra):
     d = run(0.0, 12 * CAP, counts, **extra)
     assert (d.desired, d.reason, d.readings["demand"]) == (plain.desired, plain.reason, plain.readings["demand"])
     assert d.readings.get("arrivalDemand") is None
+
+
+def test_severe_breach_sets_where_the_arrivals_start_to_cap_the_demand():
+    # The same window as above: users just above the default deep-overload line keep their demand; a line
+    # set above their speed counts them as overloaded, and the arrivals cap the running part.
+    counts = ReplicaCounts(desired=2, ready=2)
+    plain = run(0.0, 2.2 * CAP, counts)
+    speed = plain.readings["speedAtPercentile"]
+    assert S.SEVERE_BREACH * CFG.sla_tokens_per_s < speed < CFG.sla_tokens_per_s
+    cfg = replace(CFG, severe_breach=speed / CFG.sla_tokens_per_s + 0.01)
+    kw = {"arrival_rate": _arrivals_for(1.5 * CAP), "mean_output_tokens": 500.0}
+    assert run(0.0, 2.2 * CAP, counts, **kw).readings["demand"] == plain.readings["demand"]
+    capped = run(0.0, 2.2 * CAP, counts, cfg=cfg, **kw)
+    assert capped.readings["demand"] < plain.readings["demand"]

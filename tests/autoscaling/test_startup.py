@@ -171,3 +171,11 @@ def test_horizons_follow_and_the_state_carries_the_learner():
     # the next evaluation, with no new start-up, remembers it (the operator passes the state back)
     d2 = quiet(15.0, counts, d.state)
     assert d2.startup_s == 205.0 and d2.state.startup is d.state.startup
+
+
+def test_the_windows_in_start_up_times_scale_with_the_start_up_and_explicit_seconds_win():
+    cfg = replace(CFG, replica_startup_s=200.0, peak_window_startups=2.0, trend_horizon_startups=0.5)
+    assert (cfg.peak_window_s, cfg.horizon_s) == (400.0, 100.0)
+    assert replace(cfg, replica_startup_s=300.0).peak_window_s == 600.0  # follows the learned start-up
+    fixed = replace(cfg, peak_memory_s=90.0, trend_horizon_s=0.0)
+    assert (fixed.peak_window_s, fixed.horizon_s) == (90.0, 0.0)

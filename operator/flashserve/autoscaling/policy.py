@@ -63,7 +63,7 @@ from flashserve.autoscaling.reasons import (
 from flashserve.autoscaling.replicas import ReplicaCounts
 from flashserve.autoscaling.snapshot import MetricsSnapshot
 from flashserve.autoscaling.startup import StartupLearner, StartupSample
-from flashserve.autoscaling.steps import Outcome, decide_on_metrics, rounded
+from flashserve.autoscaling.steps import SEVERE_BREACH, Outcome, decide_on_metrics, rounded
 from flashserve.autoscaling.trend import DemandTrend
 
 if TYPE_CHECKING:
@@ -115,6 +115,10 @@ class PolicyConfig:
     early)."""
     session_weight: float = 1.0
     """Weight of a session between turns in demand (it is expected back within seconds)."""
+    severe_breach: float = SEVERE_BREACH
+    """Users below this share of the SLA are a severe breach (acted on at once, without breach_confirm_s) and,
+    with concurrency past the learned capacity, deep overload (sized on the learned capacity, not learned
+    from); the router's arrivals cap the running demand only below it."""
     overload_demand_at_sla: bool = False
     """Off by default. While users are below the SLA, count the running requests at the SLA speed (running x
     speed / SLA). By Little's law an overloaded fleet holds more requests than the same arrivals would at the
@@ -124,11 +128,15 @@ class PolicyConfig:
     shrink): then each breach orders only speed/SLA of the shortfall, and the rest a start-up time later.
     docs/autoscaling.md, Knobs, has what it was measured to save."""
     peak_memory_s: float | None = None
-    """How long the highest recent demand keeps the replicas it needs (peak.py); None: 4 x replica_startup_s,
-    0: release down to the demand of the moment."""
+    """How long the highest recent demand keeps the replicas it needs (peak.py); None: peak_window_startups x
+    replica_startup_s, 0: release down to the demand of the moment."""
+    peak_window_startups: float = 4.0
+    """The peak memory, in start-up times, while peak_memory_s is None (it follows the learned start-up)."""
     trend_horizon_s: float | None = None
-    """How far ahead a rising demand trend is projected when sizing the fleet; None: replica_startup_s (what
-    is ordered now serves from then on), 0: no projection."""
+    """How far ahead a rising demand trend is projected when sizing the fleet; None: trend_horizon_startups x
+    replica_startup_s (what is ordered now serves from then on), 0: no projection."""
+    trend_horizon_startups: float = 1.0
+    """The trend horizon, in start-up times, while trend_horizon_s is None."""
     learn_startup: bool = True
     """Replace replica_startup_s, in every horizon that defaults to it, by the start-up time learned from the
     start-ups the serving has had (startup.py); replica_startup_s is then the prior. False: the spec value
@@ -192,11 +200,13 @@ class PolicyConfig:
 
     @property
     def peak_window_s(self) -> float:
-        return 4.0 * self.replica_startup_s if self.peak_memory_s is None else self.peak_memory_s
+        return self.peak_window_startups * self.replica_startup_s if self.peak_memory_s is None else self.peak_memory_s
 
     @property
     def horizon_s(self) -> float:
-        return self.replica_startup_s if self.trend_horizon_s is None else self.trend_horizon_s
+        if self.trend_horizon_s is None:
+            return self.trend_horizon_startups * self.replica_startup_s
+        return self.trend_horizon_s
 
     def prior(self) -> CapacityPrior:
         return CapacityPrior(self.prior_capacity, self.prior_low_load_tokens_per_s, self.sla_tokens_per_s)

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 # Below this KV usage the ratio running/usage extrapolates too far to say anything about a memory limit.
 KV_SIGNIFICANT = 0.5
-# A breach this deep is acted on at once; shallower ones must last PolicyConfig.breach_confirm_s.
+# A breach this deep is acted on at once; shallower ones must last PolicyConfig.breach_confirm_s. Also the
+# deep-overload line and where the arrival cap applies. PolicyConfig.severe_breach's default.
 SEVERE_BREACH = 0.9
 # The breaching window's own capacity estimate replaces the learned one only below this share of it.
 LOCAL_OVERRIDE = 0.85
@@ -121,7 +122,7 @@ class Breaches:
     confirmed: bool
     """The breach has lasted PolicyConfig.breach_confirm_s."""
     severe: bool
-    """Users below SEVERE_BREACH x the SLA."""
+    """Users below PolicyConfig.severe_breach x the SLA."""
 
     @property
     def any(self) -> bool:
@@ -253,7 +254,7 @@ def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load) -> L
     sizing on it orders up to maxReplicas for users who need half that (docs/autoscaling.md, "Demand from
     arrivals"). By Little's law the same arrivals served at the SLA keep arrival_rate x W requests running,
     W = mean output tokens / the median user's speed at the SLA (SLA x the window's p50/percentile speed
-    ratio) + a first-token allowance. Only while users are below SEVERE_BREACH x the SLA (the overload that
+    ratio) + a first-token allowance. Only while users are below severe_breach x the SLA (the overload that
     swells the stock), and never below the requests running now counted at the SLA speed (the peak memory's
     figure): a window shorter than a long request undercounts its arrivals.
 
@@ -272,7 +273,7 @@ def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load) -> L
     allowance = cfg.ttft_seconds if cfg.ttft_seconds is not None else ARRIVAL_TTFT_S
     ttft = min(m.ttft_at_percentile_s, allowance) if m.ttft_at_percentile_s is not None else allowance
     at_sla = rate * (out / (sla * ratio) + ttft)
-    if speed is None or speed >= SEVERE_BREACH * sla:
+    if speed is None or speed >= cfg.severe_breach * sla:
         # Users near the SLA: slow service has not swollen the stock, and the estimate's own error (the
         # window lags a rise, long requests weigh more in the stock than in the mean) would trim real demand.
         return replace(load, arrival_demand=at_sla)
@@ -298,9 +299,9 @@ def estimate_capacity(cfg: PolicyConfig, now: float, load: Load, state: PolicySt
     deep_overload = (
         speed is not None
         and load.running > 0
-        and speed < SEVERE_BREACH * sla
+        and speed < cfg.severe_breach * sla
         and conc > model.capacity(prior)
-        and (met_recently or speed * (a0 + b0 * conc) < SEVERE_BREACH)
+        and (met_recently or speed * (a0 + b0 * conc) < cfg.severe_breach)
     )
     met_now = load.window_clean and speed is not None and speed >= sla and load.running > 0
     if load.window_clean and speed is not None and conc > 0 and not deep_overload:
@@ -333,7 +334,7 @@ def find_breaches(cfg: PolicyConfig, now: float, load: Load, state: PolicyState)
         ttft=ttft_breach,
         since=since,
         confirmed=since is not None and now - since >= cfg.breach_confirm_s,
-        severe=speed_breach and speed is not None and speed < SEVERE_BREACH * sla,
+        severe=speed_breach and speed is not None and speed < cfg.severe_breach * sla,
     )
 
 

@@ -7,6 +7,7 @@
                                [--startup-model lognormal|cold|cached-node|cached-shared]
                                [--startups SECONDS ...] [--spec-startup SECONDS] [--no-startup-learning]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
+                               [--train-only] [--flashserve-set FIELD=VALUE ...]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
     flashserve bench compare A.csv B.csv [--plot PNG | --equal-attainment [FAMILY]]
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
@@ -87,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="--heldout: generated scenario families (default: all six)")
     p.add_argument("--train-seeds", type=int, default=2, metavar="N", help="--heldout: seeds per family (default 2)")
     p.add_argument("--test-seeds", type=int, default=2, metavar="N", help="--heldout: seeds per family (default 2)")
+    p.add_argument("--train-only", action="store_true",
+                   help="--heldout: run only FlashServe's policy on the train set and print its medians per family "
+                   "(for choosing its constants; the test set is not run)")
+    p.add_argument("--flashserve-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="run FlashServe's policy with this PolicyConfig field set (repeatable; e.g. "
+                   "scale_down_utilization=0.7, peak_window_startups=2, learn_startup=false); shown in its label "
+                   "(flashserve@FIELD=VALUE), in the table, the sweeps and --heldout alike")
     p.add_argument("--no-bound", action="store_true", help="skip the start-up-aware bound's runs")
     p.add_argument("--policies", nargs="+", metavar="NAME", choices=FAMILIES,
                    help=f"policy families (default all: {', '.join(FAMILIES)})")
@@ -140,6 +148,7 @@ def autoscale(argv: list[str]) -> int:
     from flashserve_testbed.bench.policies import (
         FAMILIES,
         PolicySpec,
+        parse_overrides,
         sweep_specs,
         table_specs,
     )
@@ -156,6 +165,14 @@ def autoscale(argv: list[str]) -> int:
 
     args = _parser().parse_args(argv)
     progress = None if args.quiet else _progress
+    try:
+        args.overrides = parse_overrides(args.flashserve_set)
+    except ValueError as exc:
+        print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
+        return 2
+    if args.train_only and not args.heldout:
+        print("flashserve bench autoscale: --train-only is a mode of --heldout: add --heldout", file=sys.stderr)
+        return 2
     args.engine = args.engine or ("fluid" if args.heldout else "model")
     if args.engine == "fluid" and (args.trace or args.all_ranks):
         print("flashserve bench autoscale: --engine fluid replays synthetic sessions on one representative rank "
@@ -220,7 +237,7 @@ def autoscale(argv: list[str]) -> int:
     if args.minutes:
         scenarios = [s.scaled(duration_s=args.minutes * 60.0) for s in scenarios]
     families = tuple(args.policies or FAMILIES)
-    table = [s for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
+    table = [_ours(s, args.overrides) for s in table_specs(families) if not (args.no_tuned and s.variant == "tuned")]
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
                         all_ranks=args.all_ranks, decisions=bool(args.decision_log),
                         engine=args.engine, routing=routings[0], startup_model=args.startup_model,
@@ -228,7 +245,7 @@ def autoscale(argv: list[str]) -> int:
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
                 timeline_scenario=scenarios[0].name, timeline_seed=seeds[0], bound=not args.no_bound)  # fmt: skip
     if not args.quick and not args.no_sweep:
-        plan.sweep = sweep_specs(families)
+        plan.sweep = [_ours(s, args.overrides) for s in sweep_specs(families)]
         plan.sweep_scenarios = args.sweep_scenarios or [scenarios[0].name]
         plan.sweep_seeds = [seeds[0]]
     if not args.quick and (not args.no_sweep or args.startups):
@@ -237,7 +254,7 @@ def autoscale(argv: list[str]) -> int:
         if startups:
             plan.startups = startups
             fams = args.startup_policies or [f for f in ("flashserve", "hpa", "kpa") if f in families]
-            plan.startup_specs = [PolicySpec(f) for f in fams]
+            plan.startup_specs = [_ours(PolicySpec(f), args.overrides) for f in fams]
             plan.startup_scenario = scenarios[0].name
             plan.startup_seeds = list(seeds)
     t0 = time.monotonic()
@@ -288,11 +305,17 @@ def autoscale(argv: list[str]) -> int:
     return 0
 
 
+def _ours(spec, overrides):
+    """FlashServe's settings with --flashserve-set's fields (the baselines' unchanged)."""
+    return replace(spec, overrides=overrides) if spec.family == "flashserve" and overrides else spec
+
+
 def heldout(args, profile, progress) -> int:
     """`--heldout`: the train/test protocol (bench/protocol.py); table and checks on stdout."""
     from flashserve_testbed.bench import protocol, report
     from flashserve_testbed.bench.calibrate import calibrate
     from flashserve_testbed.bench.measures import GPU_HOUR_PRICE_USD
+    from flashserve_testbed.bench.policies import PolicySpec
     from flashserve_testbed.bench.sim import Settings
 
     fams = args.families or list(protocol.GEN_FAMILIES)
@@ -320,9 +343,12 @@ def heldout(args, profile, progress) -> int:
         from flashserve_testbed.bench.fluid import build_curve
 
         curve = build_curve(profile, args.sla, progress=progress)
+    ours = PolicySpec("flashserve", overrides=args.overrides)
+    if args.train_only:
+        return _train_only(args, profile, calib, settings, fams, curve, progress, ours, t0)
     train, test, goal, choices = protocol.run(profile, calib, settings, fams, args.train_seeds, args.test_seeds,
-                                              max(1, args.jobs), curve, progress)  # fmt: skip
-    table, checks = protocol.markdown(test, goal, choices)
+                                              max(1, args.jobs), curve, progress, ours)  # fmt: skip
+    table, checks = protocol.markdown(test, goal, choices, ours.label)
     minutes = (time.monotonic() - t0) / 60
     print(table)
     if progress:
@@ -337,7 +363,7 @@ def heldout(args, profile, progress) -> int:
         (out / "protocol.md").write_text(head + table + "\n", encoding="utf-8")
         if not args.no_plots:
             try:
-                protocol.plot(test, choices, out / "heldout.png")
+                protocol.plot(test, choices, out / "heldout.png", ours.label)
             except ImportError:
                 if progress:
                     progress("matplotlib missing: no plot (pip install flashserve[plot])")
@@ -345,6 +371,27 @@ def heldout(args, profile, progress) -> int:
         Path(args.json).write_text(json.dumps({"train_attainment": goal, "checks": checks.__dict__,
                                                "choices": {f: c.spec.label for f, c in choices.items()}},
                                               indent=1) + "\n", encoding="utf-8")  # fmt: skip
+    return 0
+
+
+def _train_only(args, profile, calib, settings, fams, curve, progress, ours, t0) -> int:
+    from flashserve_testbed.bench import protocol, report
+
+    train = protocol.run_train(profile, calib, settings, fams, args.train_seeds, max(1, args.jobs), curve, progress,
+                               ours)  # fmt: skip
+    print(f"train set ({args.train_seeds} seeds per family), medians: attainment / GPU-hours x oracle")
+    print(protocol.train_markdown(train, ours.label))
+    if progress:
+        progress(f"done in {(time.monotonic() - t0) / 60:.1f} min")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        report.write_csv(train, out / "results.csv")
+    if args.json:
+        med = protocol.train_medians(train, ours.label)
+        Path(args.json).write_text(json.dumps({"setting": ours.label, "train": {
+            k: {"attainment": a, "x_oracle": x, "runs": n} for k, (a, x, n) in med.items()}}, indent=1) + "\n",
+            encoding="utf-8")  # fmt: skip
     return 0
 
 

@@ -9,6 +9,7 @@ calls (PolicyConfig.from_spec, autoscaling/replicas.py `count_replicas`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from flashserve.api.v1alpha1 import AutoscalingSpec, SLASpec
@@ -102,7 +103,7 @@ class FlashServe(Policy):
     knob = "scale_up_utilization"
 
     def __init__(self, calib: Calibration, startup_s: float, name: str = "flashserve", learn_startup: bool = True,
-                 **overrides) -> None:  # fmt: skip
+                 knob: tuple[str, float] | None = None, **overrides) -> None:  # fmt: skip
         self.calib = calib
         self.startup_s = startup_s
         self.learn_startup = learn_startup
@@ -113,7 +114,9 @@ class FlashServe(Policy):
         self.state = PolicyState()
         self.decisions: list = []
         self.interval_s = 15.0
-        self.knob, self.knob_value = next(iter(overrides.items()), ("scale_up_utilization", 1.0))
+        # the CSV's knob columns: the swept knob, else scale_up_utilization as run (numbers only, whatever
+        # else --flashserve-set set is in the label)
+        self.knob, self.knob_value = knob or ("scale_up_utilization", float(overrides.get("scale_up_utilization", 1.0)))
 
     def config(self, ctx: Context) -> PolicyConfig:
         if self.cfg is None:
@@ -154,16 +157,77 @@ class PolicySpec:
     variant: str = "default"  # default | tuned | sweep
     share: float | None = None  # sweep: the knob's value, relative as each module's SWEEP documents
     param: str = ""  # flashserve sweeps two knobs: which one
+    overrides: tuple[tuple[str, object], ...] = ()
+    """flashserve: PolicyConfig fields set for this run (`--flashserve-set`), in the label too."""
 
     @property
     def label(self) -> str:
         if self.variant == "default":
-            return self.family
-        if self.variant == "tuned":
-            return f"{self.family}-tuned"
-        if self.param:
-            return f"{self.family}@{_SHORT.get(self.param, self.param)}={self.share:g}"
-        return f"{self.family}@{self.share:g}"
+            base = self.family
+        elif self.variant == "tuned":
+            base = f"{self.family}-tuned"
+        elif self.param:
+            base = f"{self.family}@{_SHORT.get(self.param, self.param)}={self.share:g}"
+        else:
+            base = f"{self.family}@{self.share:g}"
+        if not self.overrides:
+            return base
+        return base + ("+" if "@" in base else "@") + "+".join(f"{k}={_fmt(v)}" for k, v in self.overrides)
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# Set by the benchmark from the scenario and its run, not by a policy setting.
+_RUN_FIELDS = ("min_replicas", "max_replicas", "sla_tokens_per_s", "replica_startup_s")
+
+
+def parse_overrides(items: list[str]) -> tuple[tuple[str, object], ...]:
+    """`FIELD=VALUE` strings as PolicyConfig overrides, each VALUE parsed as its field's type (a number, a
+    bool as true/false, `none` where the field may be unset). ValueError names the field and the fix."""
+    from flashserve.autoscaling.policy import PolicyConfig
+
+    fields = {f.name: str(f.type) for f in dataclasses.fields(PolicyConfig)}
+    out: dict[str, object] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or not name:
+            raise ValueError(f"--flashserve-set {item!r}: give FIELD=VALUE, e.g. scale_down_utilization=0.7")
+        if name not in fields or name in _RUN_FIELDS:
+            known = ", ".join(n for n in fields if n not in _RUN_FIELDS)
+            why = "is set from each run" if name in _RUN_FIELDS else "is not a PolicyConfig field"
+            raise ValueError(f"--flashserve-set {name}: {why}; choose from {known}")
+        kind = fields[name]
+        try:
+            if raw.lower() in ("none", "null") and "None" in kind:
+                value: object = None
+            elif kind.startswith("bool"):
+                if raw.lower() not in ("true", "false", "on", "off", "1", "0"):
+                    raise ValueError("give true or false")
+                value = raw.lower() in ("true", "on", "1")
+            elif kind.startswith("int"):
+                value = int(raw)
+            elif kind.startswith("float"):
+                value = float(raw)
+                if value != value or value in (float("inf"), float("-inf")):
+                    raise ValueError("give a finite number")
+            else:
+                value = raw
+        except ValueError as exc:
+            hint = str(exc) if "give" in str(exc) else f"give a value of type {kind}"
+            raise ValueError(f"--flashserve-set {name}={raw!r}: {hint}") from None
+        if name in out:
+            raise ValueError(f"--flashserve-set {name}: given twice")
+        out[name] = value
+    return tuple(sorted(out.items()))
 
 
 _SHORT = {"percentile": "p", "scale_up_utilization": "u", "peak_startups": "peak"}
@@ -185,14 +249,18 @@ def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float, le
     cap = calib.capacity_per_replica
     kv_cap = calib.at(calib.capacity_per_rank, "kv_usage")
     if fam == "flashserve":
+        kw = dict(spec.overrides)
+        learn = bool(kw.pop("learn_startup", learn_startup))
         if var == "sweep":
             if spec.param == "peak_startups":  # relative, so that it follows the start-up time
-                return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn_startup,
-                                  peak_memory_s=share * startup_s)  # fmt: skip
-            return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn_startup, **{spec.param: share})
+                knob = ("peak_memory_s", share * startup_s)
+            else:
+                knob = (spec.param, share)
+            kw[knob[0]] = knob[1]
+            return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, knob=knob, **kw)
         if var == "tuned":
             raise ValueError("flashserve is run at its defaults; sweep its knob instead")
-        return FlashServe(calib, startup_s, learn_startup=learn_startup)
+        return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, **kw)
     if fam == "hpa":
         if var == "sweep":
             return hpa.HPA(share * cap, name=spec.label)

@@ -5,9 +5,10 @@ rate and size, a diurnal cycle of random depth, a different session model, a mix
 replica start-up from 30 s to 20 minutes. Scenario and run are functions of (family, seed); the train seeds
 (TRAIN_BASE + 1 ...) and the test seeds (TEST_BASE + 1 ...) never meet.
 
-The protocol tunes nothing of FlashServe's policy: it runs it as shipped. The train set is where constants
-may be chosen; here it is used only to tune the baselines, each with the same budget (BUDGET settings of
-its main knob, `GRIDS`). On the test set it reports the policy, the oracle, the start-up-aware bound and
+The protocol tunes nothing of FlashServe's policy: it runs it as shipped, or with the PolicyConfig fields
+`--flashserve-set` names (`ours`). The train set is where its constants are chosen (`run_train`, the
+`--train-only` mode: the policy alone on the train set); here it is used only to tune the baselines, each
+with the same budget (BUDGET settings of its main knob, `GRIDS`). On the test set it reports the policy, the oracle, the start-up-aware bound and
 every baseline at its default, its published tuned setting and its "equal attainment" setting: the
 cheapest of its swept settings that reaches the policy's train-set attainment (median over the train
 runs), chosen on the train set and scored on the test set. Then it checks the targets of issue 21.
@@ -138,22 +139,28 @@ def sweep_spec(family: str, share: float) -> PolicySpec:
     return PolicySpec(family, "sweep", share)
 
 
-def train_tasks(scenarios: list[Scenario], settings) -> Tasks:
+OURS = PolicySpec("flashserve")
+
+
+def train_tasks(scenarios: list[Scenario], settings, ours: PolicySpec = OURS, baselines: bool = True) -> Tasks:
+    """`baselines` False: only the policy (`--train-only`, for choosing its constants); the oracle's
+    GPU-hours come with every run's workload, so no oracle run is needed then."""
     from flashserve_testbed.bench.runner import Task
 
-    specs = [PolicySpec("flashserve")] + [sweep_spec(f, v) for f in BASELINES for v in GRIDS[f]]
+    specs = [ours] + ([sweep_spec(f, v) for f in BASELINES for v in GRIDS[f]] if baselines else [])
     out = []
     for sc in scenarios:
         seed = int(sc.name.rsplit("-", 1)[1])
-        out.append(Task(sc, seed, None, settings, "train"))
+        if baselines:
+            out.append(Task(sc, seed, None, settings, "train"))
         out += [Task(sc, seed, s, settings, "train") for s in specs]
     return Tasks(out)
 
 
-def held_out_tasks(scenarios: list[Scenario], settings, equal: dict[str, PolicySpec]) -> Tasks:
+def held_out_tasks(scenarios: list[Scenario], settings, equal: dict[str, PolicySpec], ours: PolicySpec = OURS) -> Tasks:
     from flashserve_testbed.bench.runner import BOUND_SPEC, Task
 
-    specs = [BOUND_SPEC, PolicySpec("flashserve")]
+    specs = [BOUND_SPEC, ours]
     for f in BASELINES:
         specs += [PolicySpec(f), PolicySpec(f, "tuned")]
         if equal.get(f) is not None and equal[f].label not in {s.label for s in specs}:
@@ -231,7 +238,7 @@ class Cell:
     runs: int
 
 
-def held_out_table(test: list[Result], choices: dict[str, Choice]) -> tuple[list[str], list[str], dict]:
+def held_out_table(test: list[Result], choices: dict[str, Choice], ours: str = "flashserve") -> tuple[list[str], list[str], dict]:
     """Rows (settings), columns ("all" and the families) and the cells: medians over the test runs."""
     cells: dict[tuple[str, str], Cell] = {}
     groups: dict[tuple[str, str], list[Result]] = defaultdict(list)
@@ -244,7 +251,7 @@ def held_out_table(test: list[Result], choices: dict[str, Choice]) -> tuple[list
     for key, runs in groups.items():
         cells[key] = Cell(median([r.attainment for r in runs]), median([_ratio(r) for r in runs]),
                           median([r.gpu_hours for r in runs]), len(runs))  # fmt: skip
-    order = ["oracle", "bound", "flashserve"]
+    order = ["oracle", "bound", ours]
     for f in BASELINES:
         order += [f, f"{f}-tuned", f"{f}-equal"]
     rows = [x for x in order if (x, "all") in cells]
@@ -289,8 +296,8 @@ class Checks:
         return out
 
 
-def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols: list[str], cells: dict) -> Checks:
-    ours = "flashserve"
+def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols: list[str], cells: dict,
+           ours: str = "flashserve") -> Checks:  # fmt: skip
     dominated = []
     for col in cols[1:]:
         me = cells.get((ours, col))
@@ -326,8 +333,9 @@ def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols
     return Checks(dominated, saving, best, bound_runs, misses, over)
 
 
-def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice]) -> tuple[str, Checks]:
-    rows, cols, cells = held_out_table(test, choices)
+def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
+             ours: str = "flashserve") -> tuple[str, Checks]:  # fmt: skip
+    rows, cols, cells = held_out_table(test, choices, ours)
     lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for row in rows:
         out = []
@@ -340,15 +348,15 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice]) 
     for c in choices.values():
         lines.append(f"- {c.family}-equal = `{c.spec.label}`: {c.train_attainment:.2%} / {c.train_x_oracle:.2f}"
                      + ("" if c.reached else " (not reached: its best-attaining setting)"))
-    ch = checks(test, choices, rows, cols, cells)
+    ch = checks(test, choices, rows, cols, cells, ours)
     lines += ["", "Targets (on the test set):", *ch.lines()]
     return "\n".join(lines), ch
 
 
-def plot(test: list[Result], choices: dict[str, Choice], path) -> object:
+def plot(test: list[Result], choices: dict[str, Choice], path, ours: str = "flashserve") -> object:
     from flashserve_testbed.bench.plots import COLORS, _plt
 
-    rows, cols, cells = held_out_table(test, choices)
+    rows, cols, cells = held_out_table(test, choices, ours)
     plt = _plt()
     fams = cols[1:]
     fig, axes = plt.subplots(1, len(fams), figsize=(3.3 * len(fams), 3.6), squeeze=False)
@@ -357,7 +365,7 @@ def plot(test: list[Result], choices: dict[str, Choice], path) -> object:
             c = cells.get((row, fam))
             if c is None or row == "oracle":
                 continue
-            base = row.removesuffix("-tuned").removesuffix("-equal")
+            base = row.split("@")[0].removesuffix("-tuned").removesuffix("-equal")
             marker = "*" if row == "bound" else "s" if row.endswith("-tuned") else "^" if row.endswith("-equal") else "o"
             ax.plot([c.x_oracle], [c.attainment * 100], marker, color=COLORS.get(base, "tab:cyan"), ms=7,
                     label=row if fam == fams[0] else None)  # fmt: skip
@@ -377,20 +385,51 @@ def plot(test: list[Result], choices: dict[str, Choice], path) -> object:
 # ------------------------------------------------------------------------------------------------ the run
 
 
+def train_medians(train: list[Result], ours: str = "flashserve") -> dict[str, tuple[float, float, int]]:
+    """The policy's train runs: (median attainment, median GPU-hours x oracle, runs), over all and per
+    family, keyed "all" and the family names (what `--train-only` prints, and the selection rule reads)."""
+    groups: dict[str, list[Result]] = defaultdict(list)
+    for r in train:
+        if r.policy == ours:
+            groups["all"].append(r)
+            groups[family_of(r.scenario)].append(r)
+    order = ["all"] + [f for f in GEN_FAMILIES if f in groups]
+    return {k: (median([r.attainment for r in groups[k]]), median([_ratio(r) for r in groups[k]]),
+                len(groups[k])) for k in order if groups[k]}  # fmt: skip
+
+
+def train_markdown(train: list[Result], ours: str = "flashserve") -> str:
+    med = train_medians(train, ours)
+    cols = list(med)
+    return "\n".join(["| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols),
+                      f"| {ours} | " + " | ".join(f"{med[c][0]:.2%} / {med[c][1]:.3f}" for c in cols) + " |"])
+
+
+def run_train(profile, calib, settings, families: list[str], n_train: int, jobs: int = 1, curve=None,
+              progress=None, ours: PolicySpec = OURS) -> list[Result]:  # fmt: skip
+    """`--train-only`: the policy alone on the train set (never the test set), for choosing its constants."""
+    from flashserve_testbed.bench.runner import execute
+
+    plan = train_tasks([generate(f, s) for f in families for s in train_seeds(n_train)], settings, ours, False)
+    if progress:
+        progress(f"held-out protocol, train set only: {len(plan.tasks())} runs of {ours.label}")
+    return execute(plan, profile, calib, jobs=jobs, progress=progress, curve=curve)
+
+
 def run(profile, calib, settings, families: list[str], n_train: int, n_test: int, jobs: int = 1, curve=None,
-        progress=None) -> tuple[list[Result], list[Result], float, dict[str, Choice]]:  # fmt: skip
+        progress=None, ours: PolicySpec = OURS) -> tuple[list[Result], list[Result], float, dict[str, Choice]]:  # fmt: skip
     """Train runs, the choice of equal-attainment settings, then the test runs."""
     from flashserve_testbed.bench.runner import execute
 
     train_sc = [generate(f, s) for f in families for s in train_seeds(n_train)]
     test_sc = [generate(f, s) for f in families for s in held_out_seeds(n_test)]
-    plan = train_tasks(train_sc, settings)
+    plan = train_tasks(train_sc, settings, ours)
     if progress:
         progress(f"held-out protocol: train set {len(train_sc)} scenarios, {len(plan.tasks())} runs "
                  f"(every baseline's knob at {BUDGET} settings)")  # fmt: skip
     train = execute(plan, profile, calib, jobs=jobs, progress=progress, curve=curve)
-    goal, choices = choose_equal(train)
-    plan = held_out_tasks(test_sc, settings, {f: c.spec for f, c in choices.items()})
+    goal, choices = choose_equal(train, ours.label)
+    plan = held_out_tasks(test_sc, settings, {f: c.spec for f, c in choices.items()}, ours)
     if progress:
         chosen = ", ".join(f"{c.spec.label}{'' if c.reached else ' (not reached)'}" for c in choices.values())
         progress(f"equal attainment ({goal:.2%} on the train set): {chosen}")
