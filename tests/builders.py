@@ -121,3 +121,15 @@ SUB_KEYS = {
     "attention_config": "backend=FLASHMLA",
     "custom_histogram_buckets": "inter_token_latency=[0.1]",
 }
+
+
+def bench_context(calib, sla: float, groups: list | None = None):
+    """The benchmark's policy context for a fleet of `groups` (bench.fleet.Group), as the simulator builds it."""
+    from flashserve_testbed.bench.context import Context
+    from flashserve_testbed.bench.fleet import READY, FleetCounts
+
+    groups = groups or []
+    ready = sum(g.state == READY for g in groups)
+    return Context(now=0.0, counts=FleetCounts(len(groups), ready, len(groups) - ready, 0), groups=groups, prom=None,
+                   calib=calib, sla_tokens_per_s=sla, min_replicas=1, max_replicas=8, scrape_interval_s=5.0)  # type: ignore[arg-type]  # fmt: skip
+

@@ -8,7 +8,7 @@ from flashserve_testbed.bench import cli, protocol
 from flashserve_testbed.bench.measures import Result
 from flashserve_testbed.bench.policies import FlashServe, PolicySpec, build, parse_overrides
 
-from tests.bench.test_policy_adapters import context
+from tests.builders import bench_context as context
 
 
 def test_values_are_parsed_as_their_fields_type_and_sorted():

@@ -14,10 +14,11 @@ from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.autoscale import replica_counts as operator_counts
 from flashserve.controller.observe import Observed, PodView, slim
 from flashserve.facts.layout import layout
-from flashserve_testbed.bench.context import Context
-from flashserve_testbed.bench.fleet import READY, STARTING, FleetCounts, Group
+from flashserve_testbed.bench.fleet import READY, STARTING, Group
 from flashserve_testbed.bench.policies import FlashServe
 from flashserve_testbed.bench.policies import replica_counts as bench_counts
+
+from tests.builders import bench_context as context
 
 SHAPES = {
     "GB200, 4 GPUs": {"placement": {"accelerator": "GB200"}},
@@ -35,13 +36,6 @@ def serving(spec: dict, sla: float = 100.0, replicas: int = 2):
         "metadata": {"name": "flash", "namespace": "team-a", "uid": "u", "generation": 1},
         "spec": {"replicas": replicas, "autoscaling": auto, **spec},
     })  # fmt: skip
-
-
-def context(calib, sla: float, groups: list[Group] | None = None) -> Context:
-    groups = groups or []
-    ready = sum(g.state == READY for g in groups)
-    return Context(now=0.0, counts=FleetCounts(len(groups), ready, len(groups) - ready, 0), groups=groups, prom=None,
-                   calib=calib, sla_tokens_per_s=sla, min_replicas=1, max_replicas=8, scrape_interval_s=5.0)  # type: ignore[arg-type]  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", SHAPES)
