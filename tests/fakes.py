@@ -20,7 +20,7 @@ from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.promql import Queries
 from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION, Observed, PodView, slim
-from flashserve.controller.reconciler import Controller
+from flashserve.controller.reconciler import RECENT_WRITE_S, Controller
 from flashserve.render.naming import (
     GROUP_LABEL,
     ROUTING_LABEL,
@@ -32,7 +32,7 @@ from flashserve.render.naming import (
 from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
 from kubernetes.client.rest import ApiException
 
-from tests.builders import NS
+from tests.builders import NS, body
 
 WATCHED = {"StatefulSet": "statefulsets", "Service": "services", "PodDisruptionBudget": "pdbs",
            "NetworkPolicy": "netpols", "Deployment": "deployments", "ServiceAccount": "serviceaccounts",
@@ -385,3 +385,21 @@ class Clock:
 
     def iso(self) -> str:
         return f"2026-01-01T00:{int(self.now) // 60 % 60:02d}:{int(self.now) % 60:02d}Z"
+
+
+def settled(spec: dict, clock, engines: FakeEngines | None = None) -> tuple:
+    """A serving reconciled twice (children made, status written), past the recent-write window, calls cleared:
+    what the drain tests start from. Returns (kube, controller, status)."""
+    kube = FakeKube()
+    c = controller(kube, engines)
+    status = reconcile(c, kube, body("flash", spec))
+    status = reconcile(c, kube, body("flash", spec, status=status))
+    clock.advance(RECENT_WRITE_S + 1)
+    kube.calls.clear()
+    return kube, c, status
+
+
+def routing_patches(kube: FakeKube) -> list[tuple[str, str]]:
+    """(pod, routing label) of each routing patch the controller sent."""
+    return [(c[1], c[2]) for c in kube.calls if c[0] == "pod-routing"]
+

@@ -39,6 +39,8 @@ from tests.fakes import (
     conditions,
     controller,
     reconcile,
+    routing_patches,
+    settled,
 )
 
 LOG = logging.getLogger("test")
@@ -46,20 +48,6 @@ LOG = logging.getLogger("test")
 
 def G(i: int) -> str:
     return group_name("flash", i)
-
-
-def settled(spec: dict, clock, engines: FakeEngines | None = None) -> tuple:
-    kube = FakeKube()
-    c = controller(kube, engines)
-    status = reconcile(c, kube, body("flash", spec))
-    status = reconcile(c, kube, body("flash", spec, status=status))
-    clock.advance(RECENT_WRITE_S + 1)
-    kube.calls.clear()
-    return kube, c, status
-
-
-def routing_patches(kube: FakeKube) -> list[tuple[str, str]]:
-    return [(c[1], c[2]) for c in kube.calls if c[0] == "pod-routing"]
 
 
 def pods(kube: FakeKube) -> dict[str, object]:

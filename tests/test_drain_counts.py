@@ -11,23 +11,9 @@ from flashserve.controller.reconciler import RECENT_WRITE_S
 from flashserve.render.naming import ROUTING_SERVE, serving_label_value
 
 from tests.builders import NS, body
-from tests.fakes import FakeEngines, FakeKube, conditions, controller, reconcile
+from tests.fakes import FakeEngines, FakeKube, conditions, controller, reconcile, routing_patches, settled
 
 NEW = {"engine": {"image": "vllm/vllm-openai:v0.33.1"}}
-
-
-def settled(spec: dict, clock, engines: FakeEngines | None = None) -> tuple:
-    kube = FakeKube()
-    c = controller(kube, engines)
-    status = reconcile(c, kube, body("flash", spec))
-    status = reconcile(c, kube, body("flash", spec, status=status))
-    clock.advance(RECENT_WRITE_S + 1)
-    kube.calls.clear()
-    return kube, c, status
-
-
-def routing_patches(kube: FakeKube) -> list[tuple[str, str]]:
-    return [(c[1], c[2]) for c in kube.calls if c[0] == "pod-routing"]
 
 
 def serving_groups(kube: FakeKube) -> set[int]:
