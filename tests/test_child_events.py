@@ -97,3 +97,49 @@ def test_child_watches_are_restricted_by_the_api_server_to_managed_objects():
                   references.Resource("serving.knative.dev", "v1", "services"),
                   references.Resource("", "v1", "configmaps")):  # fmt: skip
         assert settings.watching.label_selectors.collect(other) == [], other
+
+
+def _index_for(plural: str):
+    found = [h for h in kopf.get_default_registry()._indexing.get_all_handlers()
+             if h.selector is not None and h.selector.check(references.Resource(*_child(plural)))]  # fmt: skip
+    assert len(found) == 1, f"one index for {plural}, found {[h.id for h in found]}"
+    return found[0]
+
+
+def _child(plural: str) -> tuple[str, str, str]:
+    return next((c.group, c.version, c.plural) for c in handlers.CHILDREN if c.plural == plural)
+
+
+def _obj(name: str, labels: dict) -> dict:
+    return {"metadata": {"name": name, "namespace": NS, "labels": labels, "uid": f"uid-{name}"}, "spec": {},
+            "status": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize("child", handlers.CHILDREN, ids=lambda c: c.plural)
+def test_each_kind_has_one_index_that_files_a_managed_object_under_its_serving(child, wakeups):
+    h = _index_for(child.plural)
+    assert h.id == child.index and h.labels == handlers.MANAGED
+    labels = {**handlers.MANAGED, SERVING_LABEL: serving_label_value("flash")}
+    got = asyncio.run(h.fn(namespace=NS, labels=labels, body=_obj("flash-x", labels)))
+    key = (NS, serving_label_value("flash"))
+    assert list(got) == [key]
+    assert wakeups[key].is_set() and not wakeups[(NS, serving_label_value("other"))].is_set()
+    unowned = asyncio.run(h.fn(namespace=NS, labels=dict(handlers.MANAGED), body=_obj("x", handlers.MANAGED)))
+    assert unowned is None, "an object that names no serving is not indexed"
+
+
+def test_observed_takes_each_kind_from_its_own_index_under_every_label_value():
+    key, legacy = (NS, "flash"), (NS, "flash-legacy")
+    indexes: dict = {c.field: {} for c in handlers.CHILDREN}
+    for c in handlers.CHILDREN:
+        if c.field != "pods":
+            indexes[c.field] = {key: [{"metadata": {"name": f"{c.plural}-a", "deletionTimestamp": None}}],
+                                legacy: [{"metadata": {"name": f"{c.plural}-b", "deletionTimestamp": None}}]}
+    indexes["statefulsets"][key].append({"metadata": {"name": "going", "deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    indexes["pods"] = {key: ["pod-a"], legacy: ["pod-b"], handlers.startup_key(key): ["prefetch-a"]}
+    got = handlers._observed([key, legacy, key], indexes)
+    for c in handlers.CHILDREN:
+        if c.field != "pods":
+            assert sorted(getattr(got, c.field)) == [f"{c.plural}-a", f"{c.plural}-b"], c.field
+    assert got.pods == ["pod-a", "pod-b"] and got.startup_pods == ["prefetch-a"]
+    assert sorted(got.by_kind()) == sorted(c.kind for c in handlers.CHILDREN if c.field != "pods")

@@ -406,7 +406,7 @@ def test_the_worker_survives_a_failed_reconcile_and_retries_soon(events, caplog)
     c = controller(kube)
     c.resync_seconds = 0.05
     key = (NS, serving_label_value("flash"))
-    no_children: tuple = tuple({} for _ in handlers.CHILD_RESOURCES)  # one index per watched kind
+    no_children = {c.field: {} for c in handlers.CHILDREN}  # one index per watched kind
 
     async def main() -> float:
         handlers._bodies[key] = body("flash")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import kopf
 
@@ -49,88 +50,55 @@ def _wake(key: tuple[str, str] | None) -> None:
             event.set()
 
 
+# The resources whose objects the operator makes (and so watches): their kinds, and the Observed field that
+# holds them. Their watches are restricted by the API server to MANAGED objects (kopf's
+# settings.watching.label_selectors, see main.py): the `labels=` filter of a handler is applied by kopf on the
+# client, after every object of the kind in the watched namespaces has been sent, parsed and queued.
+@dataclass(frozen=True)
+class Child:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    field: str  # of Observed
+
+    @property
+    def index(self) -> str:
+        """The kopf index of this kind (kopf names an index by its handler's id)."""
+        return f"fs_{self.field}"
+
+
+CHILDREN = (
+    Child("apps", "v1", "statefulsets", "StatefulSet", "statefulsets"),
+    Child("", "v1", "services", "Service", "services"),
+    Child("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", "pdbs"),
+    Child("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", "netpols"),
+    Child("", "v1", "pods", "Pod", "pods"),
+    Child("apps", "v1", "deployments", "Deployment", "deployments"),
+    Child("", "v1", "serviceaccounts", "ServiceAccount", "serviceaccounts"),
+    Child("rbac.authorization.k8s.io", "v1", "roles", "Role", "roles"),
+    Child("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", "rolebindings"),
+    # The InferencePool CRD comes with an inference gateway and may be missing: kopf then serves no watch for
+    # it (it logs that the resource is unresolved) and starts one when the CRD appears.
+    Child("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool", "inferencepools"),
+    Child("apps", "v1", "daemonsets", "DaemonSet", "daemonsets"),
+    Child("batch", "v1", "jobs", "Job", "jobs"),
+)
+CHILD_RESOURCES = {(c.group, c.version, c.plural): c.kind for c in CHILDREN}
+MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+# A serving's StatefulSets and Services that are being deleted are taken as gone (made again if still
+# wanted); other kinds are kept as they are until the API drops them.
+_LIVE_ONLY = {"statefulsets", "services"}
+
+
 # Index functions run on every watch event of a child; waking the owner there costs nothing extra.
-@kopf.index("apps", "v1", "statefulsets", labels=MANAGED)
-async def fs_statefulsets(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+async def _index_child(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
     _wake(key)
     return {key: slim(body)} if key else None
 
 
-@kopf.index("", "v1", "services", labels=MANAGED)
-async def fs_services(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-async def fs_pdbs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)
-async def fs_netpols(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("apps", "v1", "deployments", labels=MANAGED)
-async def fs_deployments(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("", "v1", "serviceaccounts", labels=MANAGED)
-async def fs_serviceaccounts(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED)
-async def fs_roles(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED)
-async def fs_rolebindings(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-# The InferencePool CRD comes with an inference gateway and may be missing: kopf then serves no watch for it
-# (it logs that the resource is unresolved) and starts one when the CRD appears.
-@kopf.index("inference.networking.k8s.io", "v1", "inferencepools", labels=MANAGED)
-async def fs_inferencepools(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("apps", "v1", "daemonsets", labels=MANAGED)
-async def fs_daemonsets(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("batch", "v1", "jobs", labels=MANAGED)
-async def fs_jobs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
-    key = serving_key(namespace, labels)
-    _wake(key)
-    return {key: slim(body)} if key else None
-
-
-@kopf.index("", "v1", "pods", labels=MANAGED)
-async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
+async def _index_pod(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict | None:
     key = serving_key(namespace, labels)
     if key is None:
         # A prefetch or pre-pull pod carries no serving label (no selector of the engines may match it), only
@@ -144,30 +112,14 @@ async def fs_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> di
     return {key: pod_view(body)}
 
 
+for _child in CHILDREN:
+    kopf.index(_child.group, _child.version, _child.plural, labels=MANAGED, id=_child.index)(
+        _index_pod if _child.plural == "pods" else _index_child)
+
+
 def startup_key(key: tuple[str, str]) -> tuple[str, str, str]:
     """The index key of the start-up pods that work for the serving of `key`."""
     return (*key, OWNER_LABEL)
-
-
-# The resources whose objects the operator makes (and so watches), with their kinds. Their watches are
-# restricted by the API server to MANAGED objects (kopf's settings.watching.label_selectors, see
-# main.py): the `labels=` filter of a handler is applied by kopf on the client, after every object of the
-# kind in the watched namespaces has been sent, parsed and queued.
-CHILD_RESOURCES = {
-    ("apps", "v1", "statefulsets"): "StatefulSet",
-    ("", "v1", "services"): "Service",
-    ("policy", "v1", "poddisruptionbudgets"): "PodDisruptionBudget",
-    ("networking.k8s.io", "v1", "networkpolicies"): "NetworkPolicy",
-    ("", "v1", "pods"): "Pod",
-    ("apps", "v1", "deployments"): "Deployment",
-    ("", "v1", "serviceaccounts"): "ServiceAccount",
-    ("rbac.authorization.k8s.io", "v1", "roles"): "Role",
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"): "RoleBinding",
-    ("inference.networking.k8s.io", "v1", "inferencepools"): "InferencePool",
-    ("apps", "v1", "daemonsets"): "DaemonSet",
-    ("batch", "v1", "jobs"): "Job",
-}
-MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 
 
 def child_deleted(controller: Controller, kind: str, namespace: str, name: str, labels: dict) -> bool:
@@ -189,8 +141,8 @@ def _on_child_event(group: str, version: str, plural: str, kind: str) -> None:
             child_deleted(memo.controller, kind, namespace, name, labels)
 
 
-for (_group, _version, _plural), _kind in CHILD_RESOURCES.items():
-    _on_child_event(_group, _version, _plural, _kind)
+for _child in CHILDREN:
+    _on_child_event(_child.group, _child.version, _child.plural, _child.kind)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -201,19 +153,7 @@ async def serving_event(
     body: kopf.Body,
     memo: kopf.Memo,
     logger: logging.Logger,
-    fs_statefulsets: kopf.Index,
-    fs_services: kopf.Index,
-    fs_pdbs: kopf.Index,
-    fs_pods: kopf.Index,
-    fs_netpols: kopf.Index,
-    fs_deployments: kopf.Index,
-    fs_serviceaccounts: kopf.Index,
-    fs_roles: kopf.Index,
-    fs_rolebindings: kopf.Index,
-    fs_inferencepools: kopf.Index,
-    fs_daemonsets: kopf.Index,
-    fs_jobs: kopf.Index,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     key = (namespace, serving_label_value(name))
     legacy = (namespace, legacy_serving_label_value(name))
@@ -229,8 +169,7 @@ async def serving_event(
         return
     _bodies[key] = copy.deepcopy(dict(body))
     if key not in _workers or _workers[key].done():
-        indexes = (fs_statefulsets, fs_services, fs_pdbs, fs_pods, fs_netpols, fs_deployments, fs_serviceaccounts,
-                   fs_roles, fs_rolebindings, fs_inferencepools, fs_daemonsets, fs_jobs)  # fmt: skip
+        indexes = {c.field: kwargs[c.index] for c in CHILDREN}  # kopf passes every index to every handler
         # Children made by earlier versions may carry the label value those gave; the reconciler keeps only
         # the ones this serving owns.
         keys = [key, legacy]
@@ -241,35 +180,25 @@ async def serving_event(
     _wake(key)
 
 
-def _observed(keys: list[tuple[str, str]], sts: kopf.Index, svcs: kopf.Index, pdbs: kopf.Index, pods: kopf.Index,
-              netpols: kopf.Index, deployments: kopf.Index, serviceaccounts: kopf.Index, roles: kopf.Index,
-              rolebindings: kopf.Index, inferencepools: kopf.Index, daemonsets: kopf.Index,
-              jobs: kopf.Index) -> Observed:  # fmt: skip
-    def items(index: kopf.Index) -> list:
-        return [item for key in dict.fromkeys(keys) for item in index.get(key, [])]
+def _observed(keys: list[tuple[str, str]], indexes: dict[str, kopf.Index]) -> Observed:
+    """What the indexes hold of the serving's children, under every label value it may carry (`keys`)."""
+    keys = list(dict.fromkeys(keys))
 
-    def by_name(index: kopf.Index) -> dict[str, dict]:
-        return {s["metadata"]["name"]: s for s in items(index)}
+    def items(field: str, key_of: Callable = lambda k: k) -> list:
+        return [item for key in keys for item in indexes[field].get(key_of(key), [])]
 
-    return Observed(
-        statefulsets={s["metadata"]["name"]: s for s in items(sts) if not s["metadata"]["deletionTimestamp"]},
-        services={s["metadata"]["name"]: s for s in items(svcs) if not s["metadata"]["deletionTimestamp"]},
-        pdbs=by_name(pdbs),
-        netpols=by_name(netpols),
-        pods=[p for key in dict.fromkeys(keys) for p in pods.get(key, [])],
-        startup_pods=[p for key in dict.fromkeys(keys) for p in pods.get(startup_key(key), [])],
-        deployments=by_name(deployments),
-        serviceaccounts=by_name(serviceaccounts),
-        roles=by_name(roles),
-        rolebindings=by_name(rolebindings),
-        inferencepools=by_name(inferencepools),
-        daemonsets=by_name(daemonsets),
-        jobs=by_name(jobs),
-    )
+    def by_name(field: str) -> dict[str, dict]:
+        objs = {o["metadata"]["name"]: o for o in items(field)}
+        if field in _LIVE_ONLY:
+            return {n: o for n, o in objs.items() if not o["metadata"]["deletionTimestamp"]}
+        return objs
+
+    named = {c.field: by_name(c.field) for c in CHILDREN if c.field != "pods"}
+    return Observed(**named, pods=items("pods"), startup_pods=items("pods", startup_key))
 
 
-async def _worker(key: tuple[str, str], keys: list[tuple[str, str]], controller: Controller, indexes: tuple,
-                  logger: logging.Logger) -> None:
+async def _worker(key: tuple[str, str], keys: list[tuple[str, str]], controller: Controller,
+                  indexes: dict[str, kopf.Index], logger: logging.Logger) -> None:
     wake = _wakeups.setdefault(key, asyncio.Event())
     failures = 0
     try:
@@ -277,7 +206,7 @@ async def _worker(key: tuple[str, str], keys: list[tuple[str, str]], controller:
             wake.clear()
             body = _bodies[key]
             try:
-                await controller.reconcile(body, _observed(keys, *indexes), logger)
+                await controller.reconcile(body, _observed(keys, indexes), logger)
                 failures = 0
             except asyncio.CancelledError:
                 raise
