@@ -113,10 +113,9 @@ class IndexedKube(FakeKube):
             if key is not None and kind == "Pod":
                 self.indexes["pods"].drop(key, name)
 
-    def handler_indexes(self) -> tuple:
-        i = self.indexes
-        return (i["statefulsets"], i["services"], i["pdbs"], i["pods"], i["netpols"], i["deployments"],
-                i["serviceaccounts"], i["roles"], i["rolebindings"], i["inferencepools"])  # handlers._observed's order
+    def handler_indexes(self) -> dict:
+        """What kopf would pass the serving's worker: one index per Observed field."""
+        return dict(self.indexes)
 
 
 class FakeLeases:

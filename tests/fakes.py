@@ -19,6 +19,7 @@ from flashserve.clock import now_iso
 from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.promql import Queries
 from flashserve.controller.autoscale import Autoscaler
+from flashserve.controller.handlers import CHILDREN
 from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION, Observed, PodView, slim
 from flashserve.controller.reconciler import RECENT_WRITE_S, Controller
 from flashserve.render.naming import (
@@ -34,10 +35,8 @@ from kubernetes.client.rest import ApiException
 
 from tests.builders import NS, body
 
-WATCHED = {"StatefulSet": "statefulsets", "Service": "services", "PodDisruptionBudget": "pdbs",
-           "NetworkPolicy": "netpols", "Deployment": "deployments", "ServiceAccount": "serviceaccounts",
-           "Role": "roles", "RoleBinding": "rolebindings", "InferencePool": "inferencepools",
-           "DaemonSet": "daemonsets", "Job": "jobs"}  # fmt: skip
+# The kinds the operator's indexes hold by name, and the Observed field of each (pods are indexed apart)
+WATCHED = {c.kind: c.field for c in CHILDREN if c.field != "pods"}
 SERVING_KIND = "DeepSeekServing"  # the kind `errors` keys a status patch under
 
 

@@ -242,8 +242,10 @@ def test_status_says_how_many_router_pods_serve_and_that_none_does_while_the_rou
     kube.unready.add(ROUTER)  # the Deployment is still rolling out: its pods have found no healthy engine yet
     status = reconcile(c, kube, body("flash", {"replicas": 1}))
     status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    since = clock.iso()  # when the first group served with no router pod
     assert status["readyReplicas"] == 1 and status["router"] == {"replicas": 2, "readyReplicas": 0,
-                                                                  "availableReplicas": 0}  # fmt: skip
+                                                                  "availableReplicas": 0,
+                                                                  "unavailableSince": since}  # fmt: skip
     assert conds_of(status) == {"Ready": ("True", "ServingWithoutRouter"), "Progressing": ("True", "WaitingForRouter"),
                                 "Degraded": ("False", "AsExpected")}, "coming up is no degradation"  # fmt: skip
     assert "engines directly" in next(c["message"] for c in status["conditions"] if c["type"] == "Ready")
@@ -251,6 +253,8 @@ def test_status_says_how_many_router_pods_serve_and_that_none_does_while_the_rou
     kube.unready.discard(ROUTER)
     kube.apply(copy.deepcopy(kube.objects[("Deployment", NS, ROUTER)]))
     status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert kube.status_patches[-1]["router"]["unavailableSince"] is None, "cleared (the patch is a merge patch)"
+    status["router"] = {k: v for k, v in status["router"].items() if v is not None}  # as the API server keeps it
     assert status["router"] == {"replicas": 2, "readyReplicas": 2, "availableReplicas": 2}
     assert conds_of(status) == {"Ready": ("True", "AllReplicasReady"), "Progressing": ("False", "Complete"),
                                 "Degraded": ("False", "AsExpected")}  # fmt: skip
@@ -297,3 +301,23 @@ def test_no_router_condition_while_no_group_serves_and_none_with_routing_off(eve
     status = reconcile(c, kube, body("flash", off, status=status))
     assert "router" not in {k for k, v in status.items() if v is not None}
     assert kube.status_patches[-1]["router"] is None, "the field is cleared"
+
+
+def test_the_router_grace_runs_from_the_time_in_status_across_an_operator_restart(events, clock):
+    kube, c, status = settled({"replicas": 1}, clock)
+    dep = kube.objects[("Deployment", NS, ROUTER)]
+    dep["status"].update(readyReplicas=0, availableReplicas=0)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    since = status["router"]["unavailableSince"]
+    assert since == clock.iso() and conds_of(status)["Progressing"] == ("True", "WaitingForRouter")
+    clock.advance(ROUTER_GRACE_S - 10)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert status["router"]["unavailableSince"] == since, "the start of the wait is kept, not moved"
+
+    restarted = controller(kube)  # a new operator process: nothing in memory, only what status says
+    restarted.resync_seconds = 10 * ROUTER_GRACE_S
+    assert 9 < restarted.next_evaluation_in(body("flash", {"replicas": 1}, status=status)) <= 11, \
+        "it looks again when the grace that began before the restart ends"
+    clock.advance(10)
+    status = reconcile(restarted, kube, body("flash", {"replicas": 1}, status=status))
+    assert conds_of(status)["Degraded"] == ("True", "RouterUnavailable"), "the grace did not start over"

@@ -413,7 +413,7 @@ def test_prefetch_pods_are_indexed_apart_from_engine_pods_and_kept_only_when_the
     try:
         index = {}
         for b in (engine, worker, stranger):
-            got = asyncio.run(handlers.fs_pods(namespace=NS, labels=b["metadata"]["labels"], body=b))
+            got = asyncio.run(handlers._index_pod(namespace=NS, labels=b["metadata"]["labels"], body=b))
             for k, v in got.items():
                 index.setdefault(k, []).append(v)
         assert wake.is_set(), "a prefetch pod's change wakes its serving"
@@ -421,9 +421,9 @@ def test_prefetch_pods_are_indexed_apart_from_engine_pods_and_kept_only_when_the
         handlers._wakeups.pop(key, None)
     assert OWNER_LABEL in worker["metadata"]["labels"] and SERVING_LABEL not in worker["metadata"]["labels"]
     assert set(index) == {key, handlers.startup_key(key)}
-    empty = {}
-    obs = handlers._observed([key], {key: [sts]}, empty, empty, index, empty, empty, empty, empty, empty, empty,
-                             {key: [ds]}, empty)  # fmt: skip
+    indexes: dict = {c.field: {} for c in handlers.CHILDREN}
+    indexes.update(statefulsets={key: [sts]}, pods=index, daemonsets={key: [ds]})
+    obs = handlers._observed([key], indexes)
     assert [p.name for p in obs.pods] == ["flash-g0-0"]
     assert sorted(p.name for p in obs.startup_pods) == ["flash-prefetch-x", "other-prefetch-y"]
     mine = owned(obs, "uid-flash", serving_label_value("flash"))

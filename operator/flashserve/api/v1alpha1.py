@@ -719,6 +719,10 @@ class RouterStatus(_Model):
     available_replicas: int = 0
     """Router pods ready for the Deployment's minReadySeconds. The client Service points at the router only
     while this is at least 1; at 0 it points at the engines that take traffic directly (no session affinity)."""
+    unavailable_since: str | None = Field(None, max_length=64)
+    """Since when (RFC 3339) the serving's groups have served with no router pod available; absent while one is
+    available or no group serves. Degraded (RouterUnavailable) is reported a grace period after this time, also
+    across operator restarts."""
 
 
 class DeepSeekServingStatus(_Model):

@@ -33,7 +33,13 @@ from flashserve.controller.observe import (
 )
 from flashserve.controller.plan import Plan, plan
 from flashserve.controller.startup_phases import StartupTracker
-from flashserve.controller.router_status import ROUTER_GRACE_S, router_status, with_router
+from flashserve.controller.router_status import (
+    grace_left,
+    router_status,
+    router_status_fields,
+    unavailable_since,
+    with_router,
+)
 from flashserve.controller.status import (
     Cond,
     group_conditions,
@@ -164,8 +170,6 @@ class Controller:
         if self.engines is None:
             self.engines = EngineMetrics()
         self._draining: set[tuple[str, str]] = set()  # servings with a drain in progress
-        # Since when (monotonic) a serving's groups have served with no router pod available
-        self._routerless: dict[tuple[str, str], float] = {}
         # The drains in progress per serving as the last reconcile saw them, for the in-flight gauge (metrics.py)
         self.drains: dict[tuple[str, str], list] = {}
         self._recent: dict[tuple[str, str, str], tuple[str, float]] = {}  # (kind, ns, name) -> (what, when)
@@ -185,7 +189,6 @@ class Controller:
         self._draining.discard((namespace, name))
         self.startups.forget(namespace, name)
         self.drains.pop((namespace, name), None)
-        self._routerless.pop((namespace, name), None)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -233,19 +236,13 @@ class Controller:
         if len(self._recent) > 10000:  # forget old entries so memory stays flat
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_WRITE_S}
 
-    def _without_router(self, key: tuple[str, str], now_without: bool) -> float:
-        """Seconds the serving's groups have served with no router pod available (0 when they do not now)."""
-        if not now_without:
-            self._routerless.pop(key, None)
-            return 0.0
-        return time.monotonic() - self._routerless.setdefault(key, time.monotonic())
-
     def next_evaluation_in(self, body: dict) -> float:
         base = self.resync_seconds if self.autoscaler is None else self.autoscaler.next_evaluation_in(body)
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         check = self._next_refusal_check(key)
-        left = self._routerless.get(key, -ROUTER_GRACE_S) + ROUTER_GRACE_S - time.monotonic()
-        if left > 0:  # look again when the grace ends, to report the router down on time
+        last = self._status.get(key) or body.get("status") or {}
+        left = grace_left(last.get("router"), time.time())
+        if left is not None and left > 0:  # look again when the grace ends, to report the router down on time
             check = left + 0.1 if check is None else min(check, left + 0.1)
         if key in self._draining:
             check = DRAIN_POLL_S if check is None else min(check, DRAIN_POLL_S)
@@ -388,10 +385,11 @@ class Controller:
         refused = await self._pods_refused(namespace, name, mine)
         conds = group_conditions(p.groups, spec.replicas, extra_groups, refused)
         router = mine.deployments.get(router_name(name))
-        waited = self._without_router((namespace, name), spec.routing.enabled and counts["readyReplicas"] > 0
-                                      and router_status(router)["availableReplicas"] == 0)  # fmt: skip
+        wall = time.time()
+        since = unavailable_since(status.get("router"), spec.routing.enabled and counts["readyReplicas"] > 0
+                                  and router_status(router)["availableReplicas"] == 0, wall)  # fmt: skip
         if spec.routing.enabled:
-            conds = with_router(conds, router, counts["readyReplicas"], waited)
+            conds = with_router(conds, router, counts["readyReplicas"], 0.0 if since is None else wall - since)
         conds += extra_conds
         if p.surge_unschedulable and not any(c.type == "Degraded" and c.status == "True" for c in conds):
             conds = [c for c in conds if c.type != "Degraded"] + [surge_unschedulable_condition(p.surge)]
@@ -409,7 +407,7 @@ class Controller:
         if p.draining or status.get("drainingGroups"):
             new_status["drainingGroups"] = [d.status() for d in p.draining] or None
         if spec.routing.enabled or status.get("router"):
-            new_status["router"] = router_status(router) if spec.routing.enabled else None
+            new_status["router"] = router_status_fields(router, since, status.get("router")) if spec.routing.enabled else None
         if p.drained:
             new_status["lastDrains"] = [d.ended() for d in p.drained]
         if self.autoscaler is not None and spec.autoscaling.enabled:

@@ -22,6 +22,7 @@ Nothing is said while no group serves: a router pod cannot be ready before an en
 from __future__ import annotations
 
 from flashserve.autoscaling.policy import ConditionHint as Cond
+from flashserve.clock import iso_at, parse_iso
 
 # The Deployment controller's Progressing reason once every pod of its newest ReplicaSet is available; any
 # other reason while Progressing is True means pods are still coming.
@@ -41,6 +42,33 @@ def router_status(deployment: dict | None) -> dict[str, int]:
     """status.router from the router Deployment's own status (zeros while it has none)."""
     status = (deployment or {}).get("status") or {}
     return {key: _count(status, key) for key in ("replicas", "readyReplicas", "availableReplicas")}
+
+
+def unavailable_since(previous: dict | None, routerless: bool, now: float) -> float | None:
+    """Since when (epoch seconds) groups have served with no router pod: the time the last status recorded
+    (status.router.unavailableSince), else now; None when a router pod is available or no group serves. Kept
+    in status, not in memory, so that an operator restart neither restarts the grace nor cuts it short."""
+    if not routerless:
+        return None
+    since = parse_iso((previous or {}).get("unavailableSince"))
+    return since if since is not None and since <= now else now
+
+
+def router_status_fields(deployment: dict | None, since: float | None, previous: dict | None) -> dict:
+    """status.router: the Deployment's pod counts, and unavailableSince while groups serve without a router
+    (null once they do not, where the last status had one: the status is written as a merge patch)."""
+    fields: dict = router_status(deployment)
+    if since is not None:
+        fields["unavailableSince"] = iso_at(since)
+    elif "unavailableSince" in (previous or {}):
+        fields["unavailableSince"] = None
+    return fields
+
+
+def grace_left(previous: dict | None, now: float) -> float | None:
+    """Seconds until RouterUnavailable is due by the status last written; None when no grace is running."""
+    since = parse_iso((previous or {}).get("unavailableSince"))
+    return None if since is None else since + ROUTER_GRACE_S - now
 
 
 def router_rolling_out(deployment: dict | None) -> bool:
