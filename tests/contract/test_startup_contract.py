@@ -6,8 +6,11 @@ engine_check.py, so the start-up flags go with everything else on the command li
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
+import re
+import zipfile
 
 import pytest
 import yaml
@@ -121,16 +124,53 @@ def test_each_cache_variable_is_read_by_its_package(checked):
     assert seen_cache
 
 
+# Read from the source of the wheel vLLM pins, not run (tools/vllm-contract/install.sh downloads it).
+CHECKED_IN_WHEEL = {"FLASHINFER_WORKSPACE_BASE": "flashinfer"}
+
+
 def test_every_installed_reader_is_checked(checked):
-    """A cache variable whose package is in the venv is checked with that package; the others (DeepGEMM,
-    FlashInfer: not installed) carry the source they were taken from."""
+    """A cache variable whose package is in the venv is checked with that package, FlashInfer's in its pinned
+    wheel's source; the others (DeepGEMM: not on PyPI) carry the source commit they were taken from."""
     startup, _, _ = checked
     installed = next(iter(startup.values()))["installed"]
     for e in CACHE_ENVS:
         if installed.get(e.package):
             assert CHECKED_BY_READER.get(e.name) == e.package, f"{e.name}: {e.package} is installed but not checked"
+        elif e.name in CHECKED_IN_WHEEL:
+            assert CHECKED_IN_WHEEL[e.name] == e.package, e.name
         else:
             assert "commit" in e.source, f"{e.name}: {e.package} is not installed; record the source commit"
+
+
+def _vllm_pin(venv, dist: str) -> str:
+    meta = next(venv.glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")).read_text()
+    found = re.findall(rf"^Requires-Dist: {re.escape(dist)}==([^\s;]+)", meta, flags=re.M)
+    assert len(found) == 1, f"vLLM's metadata pins {dist} {len(found)} times"
+    return found[0]
+
+
+def test_flashinfer_reads_its_workspace_variable_in_the_version_vllm_pins(vllm_python):
+    """FLASHINFER_WORKSPACE_BASE, as the operator sets it, is what flashinfer-python (the version vLLM 0.33
+    requires) builds its JIT and cubin cache directory from: read in the wheel's flashinfer/jit/env.py."""
+    venv = vllm_python.parent.parent
+    pin = _vllm_pin(venv, "flashinfer-python")
+    entry = next(e for e in CACHE_ENVS if e.name == "FLASHINFER_WORKSPACE_BASE")
+    assert f"flashinfer-python {pin} " in entry.source, f"cache_env.py names another FlashInfer than vLLM's {pin}"
+    wheel = venv / "wheels" / f"flashinfer_python-{pin}-py3-none-any.whl"
+    assert wheel.is_file(), f"{wheel.name} missing: run tools/vllm-contract/install.sh"
+    tree = ast.parse(zipfile.ZipFile(wheel).read("flashinfer/jit/env.py"))
+    assigned = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    assigned[target.id] = node.value
+    reads = [c.args[0].value for c in ast.walk(assigned["FLASHINFER_BASE_DIR"])
+             if isinstance(c, ast.Call) and ast.unparse(c.func) in ("os.getenv", "os.environ.get")
+             and c.args and isinstance(c.args[0], ast.Constant)]  # fmt: skip
+    assert reads == [entry.name], f"FLASHINFER_BASE_DIR reads {reads}"
+    assert ast.unparse(assigned["FLASHINFER_CACHE_DIR"]) == "FLASHINFER_BASE_DIR / '.cache' / 'flashinfer'"
+    assert ".cache/flashinfer/" in entry.derived
 
 
 def test_engine_check_keeps_pod_cache_paths_out():

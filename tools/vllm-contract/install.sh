@@ -23,7 +23,7 @@ cache_root=${FLASHSERVE_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flashserve/v
 venv="$cache_root/vllm-${VLLM_VERSION}_py${pyver}_${req_hash}"
 log() { printf '[vllm-venv %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if [ "${1:-}" = "--print" ]; then [ -f "$venv/.complete" ] && echo "$venv"; exit $?; fi
+if [ "${1:-}" = "--print" ]; then [ -f "$venv/.complete" ] && [ -f "$venv/wheels/.complete" ] && echo "$venv"; exit $?; fi
 
 uv_dir="$cache_root/uv-$UV_VERSION"
 uv="$uv_dir/bin/uv"
@@ -57,5 +57,16 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
   # uv hard-links the venv's files to its download cache, so the two together take about the venv's size.
   log "done in $(( $(date +%s) - start ))s, $(du -sh "$cache_root" | cut -f1) on disk with uv's download cache"
+fi
+# FlashInfer is left out of the venv (importing it needs CUDA packages), but the cache variable the operator
+# sets for it is checked against the source of the exact version vLLM pins: its wheel, downloaded, not installed.
+wheels="$venv/wheels"
+if [ ! -f "$wheels/.complete" ]; then
+  pin=$(sed -n 's/^Requires-Dist: flashinfer-python==\([^ ;]*\).*/\1/p' "$venv"/lib/python*/site-packages/vllm-"$VLLM_VERSION".dist-info/METADATA | head -n1)
+  [ -n "$pin" ] || { log "vllm $VLLM_VERSION's metadata pins no flashinfer-python"; exit 1; }
+  log "downloading flashinfer-python==$pin (vLLM's pin; read by the contract tests, not installed)"
+  rm -rf "$wheels" && mkdir -p "$wheels"
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "flashinfer-python==$pin"
+  touch "$wheels/.complete"
 fi
 echo "$venv"

@@ -3,9 +3,9 @@ package that reads it, with where it reads it. The renderer points every one at 
 volume (spec.startup.kernelCache); the API refuses them in spec.engine.env (managed.py).
 
 tests/contract/test_startup_contract.py checks, in the contract venv, that vLLM and Triton read the names they
-own and derive what `derived` says. DeepGEMM and FlashInfer are not installed there (vLLM's wheel does not
-depend on deep_gemm, and the contract venv leaves flashinfer out): their names come from their sources, at the
-commits recorded here.
+own and derive what `derived` says, and, in the source of the flashinfer-python wheel vLLM pins (downloaded
+beside the venv: importing FlashInfer needs CUDA packages), that FlashInfer reads its name. DeepGEMM is not on
+PyPI and vLLM's wheel does not depend on it: its name comes from its source, at the commit recorded here.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ CACHE_ENVS: tuple[CacheEnv, ...] = (
     ),
     CacheEnv(
         "FLASHINFER_WORKSPACE_BASE", "flashinfer", "flashinfer",
-        "flashinfer-ai/flashinfer flashinfer/jit/env.py (FLASHINFER_BASE_DIR = $FLASHINFER_WORKSPACE_BASE or "
-        "$HOME), commit fb28d7242b3506a2348265962041acc1fb56cca4",
+        "flashinfer-python 0.7.2.post1 (vLLM 0.33's pin) flashinfer/jit/env.py: FLASHINFER_BASE_DIR = "
+        "$FLASHINFER_WORKSPACE_BASE or $HOME, FLASHINFER_CACHE_DIR = FLASHINFER_BASE_DIR/.cache/flashinfer",
         ".cache/flashinfer/<version>/<arch>/cached_ops (JIT modules) and .cache/flashinfer/cubins (downloaded "
         "cubins, unless the flashinfer-cubin package is installed)",
     ),
