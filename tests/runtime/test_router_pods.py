@@ -19,6 +19,7 @@ from flashserve_testbed.runtime.launch import LaunchSettings, build_router_launc
 from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
 
 from tests.builders import node
+from tests.runtime.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -139,15 +140,6 @@ class FakeAPI:
         st = self.pod.setdefault("status", {})
         st.update({k: v for k, v in body["status"].items() if k != "conditions"})
         return self.pod
-
-
-async def until(check, timeout: float = 15.0):
-    for _ in range(int(timeout / 0.05)):
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def _terminated(api: FakeAPI) -> dict:

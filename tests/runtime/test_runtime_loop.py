@@ -15,6 +15,7 @@ from flashserve_testbed.runtime.launch import LaunchSettings, default_engine_bin
 from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
 
 from tests.builders import node, pod_from_sample
+from tests.runtime.waiting import ready, until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -57,19 +58,6 @@ class FakeAPI:
         self.patches.append(body)
         self.pod = merge(self.pod, body)
         return self.pod
-
-
-def ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
-
-
-async def until(check, timeout: float = 20.0):
-    for _ in range(int(timeout / 0.05)):
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_pod_lifecycle_with_a_real_engine(tmp_path):

@@ -19,6 +19,7 @@ from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
 from flashserve_testbed.startup_model import REFERENCE, WEIGHTS_HUB, WEIGHTS_NODE, WEIGHTS_SHARED, figures_for_cold
 
 from tests.builders import node, pod_from_sample
+from tests.runtime.waiting import ready, until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -223,19 +224,6 @@ def engine_pod(name: str, uid: str, ip: str) -> dict:
     pod["metadata"].update(name=name, uid=uid, resourceVersion="1")
     pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     return pod
-
-
-def ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
-
-
-async def until(check, timeout: float = 30.0):
-    for _ in range(int(timeout / 0.05)):
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_the_runtime_gives_the_second_pod_on_a_node_no_download_and_fills_prefetched_nodes(tmp_path):
