@@ -46,11 +46,12 @@ crds: install
 check-crds: install
 	$(PY) -m flashserve.cli crd | diff -u $(CRD) -
 
+# --durations: the slowest tests in each log, to keep CI's time in view
 unit: install
-	$(PYTEST) tests
+	$(PYTEST) --durations=10 tests
 
 e2e: install deps
-	$(PYTEST) e2e
+	$(PYTEST) --durations=20 e2e
 
 test: install deps unit e2e demo-quick
 
