@@ -57,6 +57,8 @@ def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_p
             return available >= 1 and ready.get("reason") == "AllReplicasReady"
 
         wait_until(routed, 60, interval=1, what="status.router with an available pod and Ready AllReplicasReady")
+        router = _dss(kubectl, namespace)["status"]["router"]
+        assert "unavailableSince" not in router, f"cleared once a router pod is available: {router}"
         yield namespace, url, logs, operator
     finally:
         stop_runtime(runtime)
