@@ -385,8 +385,8 @@ def plot(out: dict, path: Path) -> Path:
                    label=name if wi == 0 else None)
             pts = [100 * v for v in w["hit_rate"][name]]
             ax.plot([x] * len(pts), pts, "k.", ms=5)
-            ax.text(x, 100 * w["summary"]["median"][name] + 1, f"{100 * w['summary']['median'][name]:.1f}",
-                    ha="center", fontsize=7)
+            ax.text(x, 50 * w["summary"]["median"][name], f"{100 * w['summary']['median'][name]:.1f}%",
+                    ha="center", fontsize=8, color="white")
             c = (w.get("ceilings") or {}).get(name)
             if c:  # the placement ceiling of the mode's own requests: affinity for routed, random for service
                 y = 100 * c["affinity" if name == "routed" else "random"]
@@ -395,8 +395,8 @@ def plot(out: dict, path: Path) -> Path:
     ax.set_xticks(range(len(out["windows"])), [f"{w['seconds']:g} s, {len(w['rounds'])} rounds"
                                                for w in out["windows"]])  # fmt: skip
     ax.set_ylabel("prefix-cache hit rate, % (bars: median; dots: rounds)")
-    ax.set_ylim(0, 105)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylim(0, 115)
+    ax.legend(loc="upper center", ncol=4, fontsize=7, frameon=False)
     ax.set_title(f"{out['config']['sessions_per_replica']} agentic sessions per replica, local cluster", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
