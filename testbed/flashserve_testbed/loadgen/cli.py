@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--context-limit", type=int, nargs=2, metavar=("MIN", "MAX"),
                    help="a session ends past this context")
     w.add_argument("--max-turns", type=int, help="a session ends after this many turns")
+    w.add_argument("--session-prefix", default="s",
+                   help="session n sends X-Session-ID (and `user`) PREFIX<n> (default %(default)s); runs that must "
+                        "not reuse a router's key placement take different prefixes")
     w.add_argument("--prompt-scale", type=float, help="multiply every prompt size and the context limits")
     t = p.add_argument_group("trace replay")
     t.add_argument("--trace", help="trace to replay instead of sessions: Mooncake (open loop) or aiperf multi-turn "
@@ -117,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             coro = replay_trace(base, trace, args.model, speedup=args.trace_speedup,
                                 max_inflight=args.max_inflight, **common)
         else:
-            coro = run_load(base, args.model, schedule, workload=workload, **common)
+            coro = run_load(base, args.model, schedule, workload=workload, session_prefix=args.session_prefix,
+                            **common)
         report = asyncio.run(coro)
     except KeyboardInterrupt:
         return 130

@@ -45,7 +45,8 @@ class _Run:
     """State shared by the sessions of one run, and the live progress line."""
 
     def __init__(self, base_url: str, time_scale: float, sla: float | None, max_requests: int | None,
-                 progress: Progress | None, interval: float, headers: dict | None, timeout: float) -> None:
+                 progress: Progress | None, interval: float, headers: dict | None, timeout: float,
+                 session_prefix: str = "s") -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.scale = time_scale
         self.sla = sla
@@ -54,6 +55,7 @@ class _Run:
         self.interval = interval
         self.headers = headers
         self.timeout = timeout
+        self.session_prefix = session_prefix
         self.records: list[RequestRecord] = []
         self.samples: list[dict] = []
         self.issued = 0
@@ -73,9 +75,10 @@ class _Run:
         rec = RequestRecord(session=session, turn=turn, start=self.now(), max_tokens=max_tokens)
         self.issued += 1
         self.inflight += 1
-        headers = {**(self.headers or {}), "X-Session-ID": f"s{session}"}
+        key = f"{self.session_prefix}{session}"
+        headers = {**(self.headers or {}), "X-Session-ID": key}
         try:
-            text = await stream_chat(http, self.url, chat_body(model, messages, max_tokens, f"s{session}"), rec,
+            text = await stream_chat(http, self.url, chat_body(model, messages, max_tokens, key), rec,
                                      self.t0, headers, self.timeout)
         finally:
             self.inflight -= 1
@@ -143,14 +146,17 @@ async def run_load(
     drain_seconds: float = 30.0,
     request_timeout: float = 600.0,
     tick: float = 0.1,
+    session_prefix: str = "s",
 ) -> LoadReport:
     """Closed-loop agentic sessions against `base_url` (an OpenAI base such as http://host/v1). `schedule` and
-    `duration` are in engine seconds; wall time is that over `time_scale`."""
+    `duration` are in engine seconds; wall time is that over `time_scale`. Session n is keyed
+    `f"{session_prefix}{n}"` (X-Session-ID and `user`): runs that must not share keys (a router hashes them onto
+    engines) take different prefixes."""
     sched = schedule_mod.load(schedule)
     wl = workload or Workload.from_profile()
     end = min(sched.duration, duration) if duration else sched.duration
     run = _Run(base_url, time_scale, sla, max_requests, _progress_sink(progress), progress_interval, headers,
-               request_timeout)
+               request_timeout, session_prefix)
     new_session = _session_factory(wl, seed)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     async with aiohttp.ClientSession(connector=connector, read_bufsize=2**18) as http:
@@ -199,7 +205,8 @@ async def run_load(
         await _drain({task for _, _, task in live.values()}, drain_seconds)
         wall = run.now()
     config = {"mode": "sessions", "base_url": base_url, "model": model, "schedule": str(sched), "duration": end,
-              "max_requests": max_requests, "time_scale": time_scale, "seed": seed, "workload": _describe(wl)}
+              "max_requests": max_requests, "time_scale": time_scale, "seed": seed, "session_prefix": session_prefix,
+              "workload": _describe(wl)}
     return LoadReport(run.records, wall, time_scale, sla, config, run.samples)
 
 
