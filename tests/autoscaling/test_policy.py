@@ -792,3 +792,13 @@ def test_peak_from_overload_false_does_not_remember_a_deep_overload_window_as_a_
     assert skipped.state.peaks == state.peaks
     within = run(2400.0, 6 * CAP, counts, cfg=cfg, state=state)
     assert within.state.peaks.peak(2400.0, CFG.peak_window_s) == pytest.approx(6 * CAP, rel=1e-3)
+
+
+def test_peak_window_max_s_caps_the_peak_memory_in_start_up_times_only():
+    # four 20-minute start-ups outlast a crowd and the run; the cap shortens that memory, and an explicit
+    # peak_memory_s (scaleDown.peakWindowSeconds) still wins
+    long = PolicyConfig(replica_startup_s=1200.0)
+    assert long.peak_window_s == 4800.0
+    assert replace(long, peak_window_max_s=1800.0).peak_window_s == 1800.0
+    assert replace(long, peak_window_max_s=1800.0, replica_startup_s=300.0).peak_window_s == 1200.0
+    assert replace(long, peak_window_max_s=1800.0, peak_memory_s=3000.0).peak_window_s == 3000.0

@@ -125,6 +125,11 @@ class PolicyConfig:
     closed-loop crowd queued in the engines is a stock that slow service swells, so an order sized on it in
     one go can buy maxReplicas for users who need half that. Measured on the train set, not shipped:
     docs/autoscaling-benchmark.md, "The overshoot on large steps, on a bigger train set"."""
+    peak_window_max_s: float | None = None
+    """None (no cap) by default. The most the peak memory in start-up times (peak_window_startups) may be:
+    with a long start-up four of them outlast a crowd and the run, and hold what its tail needed. Measured on
+    the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on large steps, on a bigger
+    train set"."""
     peak_from_overload: bool = True
     """On by default. False: deep-overload windows are not remembered as peaks. In deep overload the engines
     run what the fleet can hold, and after a crowd the backlog's drain fills them, so the window says the
@@ -212,7 +217,10 @@ class PolicyConfig:
 
     @property
     def peak_window_s(self) -> float:
-        return self.peak_window_startups * self.replica_startup_s if self.peak_memory_s is None else self.peak_memory_s
+        if self.peak_memory_s is not None:
+            return self.peak_memory_s
+        window = self.peak_window_startups * self.replica_startup_s
+        return window if self.peak_window_max_s is None else min(window, self.peak_window_max_s)
 
     @property
     def horizon_s(self) -> float:
