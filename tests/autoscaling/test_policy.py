@@ -802,3 +802,11 @@ def test_peak_window_max_s_caps_the_peak_memory_in_start_up_times_only():
     assert replace(long, peak_window_max_s=1800.0).peak_window_s == 1800.0
     assert replace(long, peak_window_max_s=1800.0, replica_startup_s=300.0).peak_window_s == 1200.0
     assert replace(long, peak_window_max_s=1800.0, peak_memory_s=3000.0).peak_window_s == 3000.0
+
+
+def test_down_delay_max_s_caps_the_scale_down_delay_of_one_start_up_only():
+    long = PolicyConfig(replica_startup_s=1200.0)
+    assert long.down_delay_s == 1200.0
+    assert replace(long, down_delay_max_s=600.0).down_delay_s == 600.0
+    assert replace(long, down_delay_max_s=600.0, replica_startup_s=300.0).down_delay_s == 300.0
+    assert replace(long, down_delay_max_s=600.0, scale_down_delay_s=900.0).down_delay_s == 900.0

@@ -130,6 +130,11 @@ class PolicyConfig:
     with a long start-up four of them outlast a crowd and the run, and hold what its tail needed. Measured on
     the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on large steps, on a bigger
     train set"."""
+    down_delay_max_s: float | None = None
+    """None (no cap) by default. The most the scale-down delay may be while scale_down_delay_s is unset (it
+    is then one start-up time, which after a crowd on a long start-up holds the whole order for as long).
+    Measured on the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on large steps, on
+    a bigger train set"."""
     peak_from_overload: bool = True
     """On by default. False: deep-overload windows are not remembered as peaks. In deep overload the engines
     run what the fleet can hold, and after a crowd the backlog's drain fills them, so the window says the
@@ -197,7 +202,10 @@ class PolicyConfig:
 
     @property
     def down_delay_s(self) -> float:
-        return self.replica_startup_s if self.scale_down_delay_s is None else self.scale_down_delay_s
+        if self.scale_down_delay_s is not None:
+            return self.scale_down_delay_s
+        cap = self.down_delay_max_s
+        return self.replica_startup_s if cap is None else min(self.replica_startup_s, cap)
 
     @property
     def stale_after_s(self) -> float:
