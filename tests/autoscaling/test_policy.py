@@ -745,3 +745,68 @@ def test_severe_breach_sets_where_the_arrivals_start_to_cap_the_demand():
     assert run(0.0, 2.2 * CAP, counts, **kw).readings["demand"] == plain.readings["demand"]
     capped = run(0.0, 2.2 * CAP, counts, cfg=cfg, **kw)
     assert capped.readings["demand"] < plain.readings["demand"]
+
+
+# ------------------------------------------------------------------------------------ ordering in waves
+
+
+def test_overload_wave_orders_a_deep_overload_in_waves_of_the_ready_fleet():
+    # A deep overload at 2 ready replicas: by default the whole (swollen) shortfall is ordered at once; with
+    # overload_wave=2 the order reaches 2 x the ready replicas, and while that wave starts nothing more is
+    # added, however much the stock swells; once it is ready, the next wave is sized on the bigger fleet.
+    state = _trained(capacity=CAP, until=2400.0)
+    bent = lambda c: 30.0  # noqa: E731  (past the knee: deep overload)
+    counts = ReplicaCounts(desired=2, ready=2)
+    plain = run(2400.0, 5 * CAP, counts, state=state, speed=bent)
+    assert plain.desired > 4 and plain.reason == R.SLA_BREACH
+    cfg = replace(CFG, overload_wave=2.0)
+    d = run(2400.0, 5 * CAP, counts, cfg=cfg, state=state, speed=bent)
+    assert d.desired == 4 and d.reason == R.SLA_BREACH
+    held = run(2415.0, 8 * CAP, ReplicaCounts(desired=4, ready=2, starting=2), cfg=cfg, state=d.state, speed=bent)
+    assert held.desired == 4 and not held.apply and held.reason == R.HOLD_STARTING
+    assert held.readings["required"] > 4  # what it wants is still shown
+    ready = run(3300.0, 8 * CAP, ReplicaCounts(desired=4, ready=4), cfg=cfg, state=held.state, speed=bent)
+    assert ready.desired == 8
+
+
+def test_overload_wave_leaves_a_scale_up_outside_deep_overload_alone():
+    # users below the SLA but within the learned capacity: the whole shortfall at once, wave or not
+    cfg = replace(CFG, overload_wave=1.5)
+    counts = ReplicaCounts(desired=2, ready=2)
+    d = run(0.0, 5 * CAP - 10, counts, cfg=cfg)
+    assert d.desired == run(0.0, 5 * CAP - 10, counts).desired == 5
+
+
+def test_peak_from_overload_false_does_not_remember_a_deep_overload_window_as_a_peak():
+    # After a crowd the backlog's drain fills the engines: a deep-overload window counts what the fleet can
+    # hold, not what the users need. By default it is remembered (and holds the replicas for the peak
+    # memory); with peak_from_overload=False it is not, while a window within capacity still is.
+    state = _trained(capacity=CAP, until=2400.0)
+    bent = lambda c: 30.0  # noqa: E731
+    counts = ReplicaCounts(desired=8, ready=8)
+    kept = run(2400.0, 20 * CAP, counts, state=state, speed=bent)
+    assert kept.state.peaks.peak(2400.0, CFG.peak_window_s) > state.peaks.peak(2400.0, CFG.peak_window_s)
+    cfg = replace(CFG, peak_from_overload=False)
+    skipped = run(2400.0, 20 * CAP, counts, cfg=cfg, state=state, speed=bent)
+    assert skipped.readings["speedAtPercentile"] < S.SEVERE_BREACH * CFG.sla_tokens_per_s
+    assert skipped.state.peaks == state.peaks
+    within = run(2400.0, 6 * CAP, counts, cfg=cfg, state=state)
+    assert within.state.peaks.peak(2400.0, CFG.peak_window_s) == pytest.approx(6 * CAP, rel=1e-3)
+
+
+def test_peak_window_max_s_caps_the_peak_memory_in_start_up_times_only():
+    # four 20-minute start-ups outlast a crowd and the run; the cap shortens that memory, and an explicit
+    # peak_memory_s (scaleDown.peakWindowSeconds) still wins
+    long = PolicyConfig(replica_startup_s=1200.0)
+    assert long.peak_window_s == 4800.0
+    assert replace(long, peak_window_max_s=1800.0).peak_window_s == 1800.0
+    assert replace(long, peak_window_max_s=1800.0, replica_startup_s=300.0).peak_window_s == 1200.0
+    assert replace(long, peak_window_max_s=1800.0, peak_memory_s=3000.0).peak_window_s == 3000.0
+
+
+def test_down_delay_max_s_caps_the_scale_down_delay_of_one_start_up_only():
+    long = PolicyConfig(replica_startup_s=1200.0)
+    assert long.down_delay_s == 1200.0
+    assert replace(long, down_delay_max_s=600.0).down_delay_s == 600.0
+    assert replace(long, down_delay_max_s=600.0, replica_startup_s=300.0).down_delay_s == 300.0
+    assert replace(long, down_delay_max_s=600.0, scale_down_delay_s=900.0).down_delay_s == 900.0

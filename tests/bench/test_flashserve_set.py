@@ -74,6 +74,9 @@ def test_cli_refuses_a_bad_field_and_train_only_without_heldout(capsys):
     assert "scale_up_utilization='x'" in capsys.readouterr().err
     assert cli.main(["autoscale", "--train-only", "--quiet"]) == 2
     assert "--train-only is a mode of --heldout" in capsys.readouterr().err
+    # decision logs come from the train set only: the test set's decisions are nothing to develop on
+    assert cli.main(["autoscale", "--heldout", "--decision-log", "/nonexistent", "--quiet"]) == 2
+    assert "--heldout --decision-log needs --train-only" in capsys.readouterr().err
 
 
 def test_the_protocol_runs_the_set_policy_on_train_and_test(profile):

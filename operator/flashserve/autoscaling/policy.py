@@ -119,6 +119,28 @@ class PolicyConfig:
     """Users below this share of the SLA are a severe breach (acted on at once, without breach_confirm_s) and,
     with concurrency past the learned capacity, deep overload (sized on the learned capacity, not learned
     from); the router's arrivals cap the running demand only below it."""
+    overload_wave: float | None = None
+    """Off (None) by default. In deep overload, order at most this many times the ready replicas: the rest
+    is sized when that wave is ready and the bigger fleet measures the crowd at a higher service rate. A
+    closed-loop crowd queued in the engines is a stock that slow service swells, so an order sized on it in
+    one go can buy maxReplicas for users who need half that. Measured on the train set, not shipped:
+    docs/autoscaling-benchmark.md, "The overshoot on large steps, on a bigger train set"."""
+    peak_window_max_s: float | None = None
+    """None (no cap) by default. The most the peak memory in start-up times (peak_window_startups) may be:
+    with a long start-up four of them outlast a crowd and the run, and hold what its tail needed. Measured on
+    the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on large steps, on a bigger
+    train set"."""
+    down_delay_max_s: float | None = None
+    """None (no cap) by default. The most the scale-down delay may be while scale_down_delay_s is unset (it
+    is then one start-up time, which after a crowd on a long start-up holds the whole order for as long).
+    Measured on the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on large steps, on
+    a bigger train set"."""
+    peak_from_overload: bool = True
+    """On by default. False: deep-overload windows are not remembered as peaks. In deep overload the engines
+    run what the fleet can hold, and after a crowd the backlog's drain fills them, so the window says the
+    fleet is short, not what the users need; remembered, it holds the replicas a drain took for the whole
+    peak memory. Measured on the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on
+    large steps, on a bigger train set"."""
     overload_demand_at_sla: bool = False
     """Off by default. While users are below the SLA, count the running requests at the SLA speed (running x
     speed / SLA). By Little's law an overloaded fleet holds more requests than the same arrivals would at the
@@ -180,7 +202,10 @@ class PolicyConfig:
 
     @property
     def down_delay_s(self) -> float:
-        return self.replica_startup_s if self.scale_down_delay_s is None else self.scale_down_delay_s
+        if self.scale_down_delay_s is not None:
+            return self.scale_down_delay_s
+        cap = self.down_delay_max_s
+        return self.replica_startup_s if cap is None else min(self.replica_startup_s, cap)
 
     @property
     def stale_after_s(self) -> float:
@@ -200,7 +225,10 @@ class PolicyConfig:
 
     @property
     def peak_window_s(self) -> float:
-        return self.peak_window_startups * self.replica_startup_s if self.peak_memory_s is None else self.peak_memory_s
+        if self.peak_memory_s is not None:
+            return self.peak_memory_s
+        window = self.peak_window_startups * self.replica_startup_s
+        return window if self.peak_window_max_s is None else min(window, self.peak_window_max_s)
 
     @property
     def horizon_s(self) -> float:

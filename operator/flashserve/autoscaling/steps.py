@@ -2,7 +2,7 @@
 a frozen value:
 
     read_load -> demand_from_arrivals -> estimate_capacity -> find_breaches -> capacity_under_breach -> plan_demand
-              -> act (scale_up | hold_on_breach | scale_down) -> sla_state
+              -> act (scale_up, within overload_wave_limit | hold_on_breach | scale_down) -> sla_state
 
 `decide_on_metrics` runs them in that order; policy.decide wraps it with the blind path, min/max and the
 conditions. docs/autoscaling.md explains each rule.
@@ -192,10 +192,11 @@ def decide_on_metrics(
     est = estimate_capacity(cfg, now, load, state)
     br = find_breaches(cfg, now, load, state)
     est = capacity_under_breach(cfg, load, est, br)
-    demand = plan_demand(cfg, now, load, est.value, state)
+    demand = plan_demand(cfg, now, load, est.value, state, cfg.peak_from_overload or not est.deep_overload)
     wording = describe(cfg, load, est.value, demand)
     if demand.required > base:
-        action = scale_up(cfg, now, reps, base, br, demand.required, state, wording)
+        action = scale_up(cfg, now, reps, base, br, demand.required, state, wording,
+                          overload_wave_limit(cfg, reps, est.deep_overload))  # fmt: skip
     elif br.any:
         action = hold_on_breach(reps, base, est, wording)
     else:
@@ -358,7 +359,9 @@ def capacity_under_breach(cfg: PolicyConfig, load: Load, est: CapacityEstimate, 
     return replace(est, local=cap_local, value=cap)
 
 
-def plan_demand(cfg: PolicyConfig, now: float, load: Load, capacity: float, state: PolicyState) -> Demand:
+def plan_demand(
+    cfg: PolicyConfig, now: float, load: Load, capacity: float, state: PolicyState, remember: bool = True
+) -> Demand:  # fmt: skip
     trend = state.demand.update(now, load.demand, cfg.stale_after_s)
     projected = trend.forecast(cfg.horizon_s) if trend.trend > 0 else None
     planned = max(load.demand, projected or 0.0)
@@ -368,7 +371,9 @@ def plan_demand(cfg: PolicyConfig, now: float, load: Load, capacity: float, stat
     # window.
     speed, running = load.speed, load.running
     served_at_sla = running * min(1.0, speed / cfg.sla_tokens_per_s) if speed is not None and speed > 0 else running
-    peaks = state.peaks.update(now, served_at_sla + load.sessions, cfg.peak_window_s)
+    # Not a deep-overload window unless PolicyConfig.peak_from_overload: the engines hold what the fleet can
+    # run (a backlog's drain included), which says the fleet is short, not how many users need serving.
+    peaks = state.peaks.update(now, served_at_sla + load.sessions, cfg.peak_window_s) if remember else state.peaks
     return Demand(
         trend=trend,
         planned=planned,
@@ -388,9 +393,19 @@ def describe(cfg: PolicyConfig, load: Load, capacity: float, demand: Demand) -> 
     return Wording(speed, f"demand {load.demand:.0f}{rising} at {capacity:.0f} users/replica needs {demand.required}")
 
 
+def overload_wave_limit(cfg: PolicyConfig, reps: ReplicaCounts, deep_overload: bool) -> int | None:
+    """The most a scale-up may reach now: PolicyConfig.overload_wave x the ready replicas in deep overload,
+    None (no limit) otherwise. The ready count grows only when a wave is ready, so this orders at most one
+    wave per start-up time, each sized by a fleet that serves the crowd faster than the last. Never below one
+    more than the ready replicas: a wave of 1x or less would hold a fleet in overload for good."""
+    if cfg.overload_wave is None or not deep_overload:
+        return None
+    return max(reps.ready + 1, math.ceil(cfg.overload_wave * max(reps.ready, 1) - 1e-9))
+
+
 def scale_up(
     cfg: PolicyConfig, now: float, reps: ReplicaCounts, base: int, br: Breaches, want: int, state: PolicyState,
-    wording: Wording,
+    wording: Wording, wave_limit: int | None = None,
 ) -> Action:  # fmt: skip
     """More is needed. Users already below target: act now on the full shortfall. A shortfall only predicted
     (demand up, speed still fine, or a marginal miss) must show at two evaluations in a row and is sized on
@@ -407,6 +422,11 @@ def scale_up(
     if base >= cfg.max_replicas:
         return replace(held, reason=AT_MAX, message=wording.say(f"already at maxReplicas {cfg.max_replicas}"))
     target = max(want if br.urgent else at_risk_want, base + 1)
+    if wave_limit is not None and target > wave_limit:
+        if wave_limit <= base:
+            tail = f"deep overload: this wave of {base} ({reps.ready} ready) is sized again once it is ready"
+            return replace(held, reason=HOLD_STARTING, message=wording.say(tail))
+        target = wave_limit
     reason = SLA_BREACH if br.speed else TTFT_BREACH if br.ttft else SLA_AT_RISK
     # The next shortfall, if any, is measured against the new count: the at-risk timers start over.
     return Action(target, reason, wording.say(f"{base} -> {min(target, cfg.max_replicas)}"))

@@ -334,7 +334,12 @@ def heldout(args, profile, progress) -> int:
     t0 = time.monotonic()
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
                         engine=args.engine, startup_model=args.startup_model,
-                        learn_startup=not args.no_startup_learning)  # fmt: skip
+                        learn_startup=not args.no_startup_learning,
+                        decisions=bool(args.decision_log and args.train_only))  # fmt: skip
+    if args.decision_log and not args.train_only:
+        # the test set's decisions are what nothing may be developed on: logs come from the train set only
+        print("flashserve bench autoscale: --heldout --decision-log needs --train-only", file=sys.stderr)
+        return 2
     if progress:
         progress(f"calibrating {profile.name}: steady-state load test of one engine ...")
     calib = calibrate(profile, args.sla, progress=progress)
@@ -381,6 +386,8 @@ def _train_only(args, profile, calib, settings, fams, curve, progress, ours, t0)
                                ours)  # fmt: skip
     print(f"train set ({args.train_seeds} seeds per family), medians: attainment / GPU-hours x oracle")
     print(protocol.train_markdown(train, ours.label))
+    if args.decision_log:
+        _write_decisions(Path(args.decision_log), train)
     if progress:
         progress(f"done in {(time.monotonic() - t0) / 60:.1f} min")
     if args.out:
