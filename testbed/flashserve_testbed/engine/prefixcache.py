@@ -6,7 +6,10 @@ room. Keys are chain hashes, so a key identifies its block *and* everything befo
 longest run of leading keys present.
 
 The unit of caching may span several KV blocks (`weight` blocks per key) so that a fleet simulator can trade
-precision for speed (Mooncake traces hash 512-token blocks).
+precision for speed (Mooncake traces hash 512-token blocks). A coarse unit would lose every request's partial
+last unit, which vLLM caches block by block; `tails` keeps it: the KV blocks a request computed past its last
+full unit, keyed by that unit, with the key of the unit they begin (engine/perfmodel.py reads them at
+admission).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ _MISSING = object()
 
 
 class PrefixCache:
-    __slots__ = ("weight", "refs", "free", "held_blocks", "free_blocks", "evictions")
+    __slots__ = ("weight", "refs", "free", "held_blocks", "free_blocks", "evictions", "tails", "shared")
 
     def __init__(self, weight: float) -> None:
         self.weight = weight
@@ -27,6 +30,11 @@ class PrefixCache:
         self.held_blocks = 0.0  # blocks of referenced keys, each counted once
         self.free_blocks = 0.0  # blocks of cached but unreferenced keys
         self.evictions = 0
+        # last full key -> (key of the unit the tail begins, KV blocks of it computed); gone with its key
+        self.tails: dict[int, tuple[int, int]] = {}
+        # last full key of a prefix every request with those keys shares (a system prompt) -> its KV blocks
+        # past that key: whichever unit a request continues with, it begins with them
+        self.shared: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.refs) + len(self.free)
@@ -89,14 +97,21 @@ class PrefixCache:
     def evict(self, blocks: float) -> float:
         """Reclaim at least `blocks` from the free queue (LRU first); returns what was reclaimed."""
         freed = 0.0
-        free, w = self.free, self.weight
+        free, w, tails, shared = self.free, self.weight, self.tails, self.shared
         while freed < blocks and free:
-            free.popitem(last=False)
+            key, _ = free.popitem(last=False)
+            if tails:
+                tails.pop(key, None)
+            if shared:
+                shared.pop(key, None)
             freed += w
             self.evictions += 1
         self.free_blocks -= freed
         return freed
 
     def clear(self) -> None:
+        for key in self.free:
+            self.tails.pop(key, None)
+            self.shared.pop(key, None)
         self.free.clear()
         self.free_blocks = 0.0
