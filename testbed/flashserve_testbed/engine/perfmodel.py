@@ -697,10 +697,10 @@ class Engine:
                     # vLLM caches every full KV block, so the blocks past the last full unit stay too
                     blocks = (tokens_with_kv - n * self.unit) // self.bs
                     if blocks > 0:
-                        self.cache.tails[req.keys[n - 1]] = (req.tail, blocks)
+                        self.cache.note_tail(req.keys[n - 1], req.tail, blocks)
                 m = req.shared // self.unit
                 if m and n >= m and tokens_with_kv >= req.shared:
-                    self.cache.shared[req.keys[m - 1]] = (req.shared - m * self.unit) // self.bs
+                    self.cache.note_shared(req.keys[m - 1], (req.shared - m * self.unit) // self.bs)
                 self.cache.release(req.keys[:n])
         req.held = 0
 
