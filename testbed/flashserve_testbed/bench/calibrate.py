@@ -138,7 +138,8 @@ def load_test(profile: Profile, concurrency: int, sla: float, duration_s: float,
             s = sessions[i] = new_session()
             turn = s.next_turn()
         eng.add_request(None, turn[0], turn[1], now, block_hashes=s.block_hashes(), hashes_cover_output=True,
-                        hashes_chained=True, user=i)  # fmt: skip
+                        hashes_chained=True, user=i,
+                        shared_prefix_tokens=profile.workload.shared_system_prompt_tokens)  # fmt: skip
         if now >= warmup_s:
             started[0] += 1
 

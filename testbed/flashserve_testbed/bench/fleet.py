@@ -33,6 +33,7 @@ from flashserve.autoscaling.startup import StartupSample
 from flashserve.render.vllm_args import itl_buckets
 
 from flashserve_testbed.bench.routing import HashRing, Routing, fbi_hash, session_key
+from flashserve_testbed.engine import dprank
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 from flashserve_testbed.engine.profile import Profile
 from flashserve_testbed.startup_model import (
@@ -80,7 +81,7 @@ class Rank:
 
 class Group:
     __slots__ = ("index", "serial", "pod", "ordered", "startup", "ready_at", "ended", "state", "ranks",
-                 "weight", "sessions", "inflight", "node", "cache_state")  # fmt: skip
+                 "weight", "sessions", "inflight", "node", "cache_state", "dp_next")  # fmt: skip
 
     def __init__(self, index: int, serial: int, ordered: float, startup: float) -> None:
         self.index = index
@@ -97,6 +98,7 @@ class Group:
         self.inflight = 0  # requests submitted and not finished
         self.node = ""  # the node it runs on (phase start-up models)
         self.cache_state = COLD  # what its start-up found: cold, weights-cached or warm
+        self.dp_next = 0  # where its data-parallel balancer's next scan starts (it rotates per request)
 
     def phase(self, now: float) -> str:
         """Pod phase as Kubernetes reports it while starting: Pending, then Running (not ready)."""
@@ -136,6 +138,7 @@ class Fleet:
         self.n_ranks = profile.engines_per_replica if all_ranks else 1
         self.rank_weight = profile.engines_per_replica / self.n_ranks
         self.cfg = engine_config(profile, sla)
+        self.dp_slack = dprank.slack(profile)
         self.seed = seed
         self.active: list[Group] = []  # index order; len == spec.replicas
         self.draining: list[Group] = []
@@ -286,7 +289,7 @@ class Fleet:
         if not ready:
             return None
         g = ready[self.route_rng.randrange(len(ready))]
-        return pick_rank(g.ranks, keys)
+        return pick_rank(g, keys, self.dp_slack)
 
     def _route_ring(self, s) -> Rank | None:
         """vllm-router's consistent_hash on `X-Session-ID: s<sid>` (what the load generator sends): the ring's
@@ -302,7 +305,7 @@ class Fleet:
                 s.replica.sessions -= 1
             g.sessions += 1
             s.replica = g
-        return pick_rank(g.ranks, s.block_hashes())
+        return pick_rank(g, s.block_hashes(), self.dp_slack)
 
     def _route_affinity(self, s) -> Rank | None:
         """Session affinity with bounded load (consistent hashing with bounded loads): a session stays on its
@@ -319,7 +322,7 @@ class Fleet:
                 g.sessions -= 1
             target.sessions += 1
             s.replica = g = target
-        return pick_rank(g.ranks, s.block_hashes())
+        return pick_rank(g, s.block_hashes(), self.dp_slack)
 
     def end_session(self, s) -> None:
         if s.replica is not None:
@@ -338,7 +341,7 @@ class Fleet:
             if not self.ready_list:
                 return None
             owner = self.ring.lookup_hash(self.route_rng.getrandbits(64))
-            return pick_rank(self.by_pod[owner].ranks, keys)
+            return pick_rank(self.by_pod[owner], keys, self.dp_slack)
         ranks = [r for g in self.ready_list for r in g.ranks]
         if not ranks:
             return None
@@ -355,20 +358,13 @@ class Fleet:
         return best
 
 
-def pick_rank(ranks: list[Rank], keys: list[int]) -> Rank:
-    """Within a replica, per request: the rank holding the longest cached prefix among the lightly loaded ones,
-    else vLLM's data-parallel balancer (fewest 4 x waiting + running), as the mock engine routes."""
+def pick_rank(g: Group, keys: list[int], slack: int) -> Rank:
+    """Within a replica, per request: the mock engine's choice of data-parallel rank (engine/dprank.py), the
+    rank holding the longest cached prefix among the lightly loaded ones, else vLLM's balancer's (fewest
+    4 x waiting + running, ties to the first in a scan order that rotates per request)."""
+    ranks = g.ranks
     if len(ranks) == 1:
         return ranks[0]
-    scores = [r.engine.load_score() for r in ranks]
-    floor = min(scores)
-    slack = max(4, floor // 4)
-    best, best_key = None, None
-    for r, sc in zip(ranks, scores):
-        if sc <= floor + slack:
-            key = (r.engine.cached_prefix_units(keys), -sc, -r.index)
-            if best_key is None or key > best_key:
-                best, best_key = r, key
-    if best is None or best_key[0] == 0:
-        return min(ranks, key=lambda r: (r.engine.load_score(), r.index))
-    return best
+    start = g.dp_next
+    g.dp_next = (start + 1) % len(ranks)
+    return ranks[dprank.choose([r.engine for r in ranks], keys, start, slack)]

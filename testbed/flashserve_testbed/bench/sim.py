@@ -223,8 +223,10 @@ class Simulation:
 
     def submit(self, r: Rank, now: float, prompt: int, output: int, user, keys: list[int], cover: bool,
                arrival: float | None = None) -> None:  # fmt: skip
+        # a session's prompt begins with the system prompt every session shares (a trace's requests: nothing)
+        shared = user.shared_prefix_tokens() if isinstance(user, Session) else 0
         r.engine.add_request(None, prompt, output, now, block_hashes=keys, hashes_cover_output=cover,
-                             hashes_chained=True, user=user)  # fmt: skip
+                             hashes_chained=True, user=user, shared_prefix_tokens=shared)  # fmt: skip
         if arrival is not None:
             # it waited in the router since `arrival` (no replica was ready): that counts against its TTFT
             r.engine.waiting[-1].arrival = arrival

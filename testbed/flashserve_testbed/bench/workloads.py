@@ -199,11 +199,16 @@ class Session:
         """Seconds the agent's tool runs before its next turn."""
         return self.gaps.draw(self.rng)
 
+    def shared_prefix_tokens(self) -> int:
+        """Leading prompt tokens every session has (the engine keeps their KV blocks past the last full unit)."""
+        return self.w.shared_system_prompt_tokens
+
     def block_hashes(self) -> list[int]:
         """Cache-unit ids covering the conversation so far (prompt and output of the last turn): the shared
         system prompt's units are the same for every session, the rest are the session's own, so a later
-        turn hits on everything an earlier one computed."""
-        units = self.context // self.unit
+        turn hits on everything an earlier one computed. One more for the unit the conversation ends inside
+        (the engine caches the KV blocks of it the turn computes, for the next turn, as vLLM does)."""
+        units = -(-self.context // self.unit)
         h = self.hashes
         if len(h) < units:
             sys_units, base = self.sys_units, self.sid << SESSION_ID_SHIFT
@@ -331,6 +336,9 @@ class TraceSession(Session):
         self.replica = None
         self.inflight = False
         self.done = False
+
+    def shared_prefix_tokens(self) -> int:
+        return 0  # a trace's sessions share what their hash ids say, in whole units
 
     def _extend(self, tokens: int, ids: tuple[int, ...]) -> None:
         """Append `tokens` tokens whose cache units take `ids` in order, then ids of the session's own."""

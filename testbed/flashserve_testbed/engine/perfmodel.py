@@ -84,7 +84,7 @@ class Request:
         "rid", "prompt_len", "output_len", "max_tokens", "finish_reason", "keys", "arrival", "accept",
         "state", "computed", "target", "chunk", "emitted", "held", "private", "start_step", "ctx0",
         "finish_step", "gen", "num_preemptions", "cached_tokens", "prefill_computed", "first_scheduled",
-        "first_token", "last_token", "finish_time", "user",
+        "first_token", "last_token", "finish_time", "user", "tail", "shared",
     )
 
     def __init__(self, rid, prompt_len: int, output_len: int, max_tokens: int | None, finish_reason: str,
@@ -116,6 +116,8 @@ class Request:
         self.last_token: float | None = None
         self.finish_time: float | None = None
         self.user = user  # free slot for the caller (e.g. the HTTP stream)
+        self.tail: int | None = None  # key of the unit its content ends inside (coarse units only)
+        self.shared = 0  # leading prompt tokens every request with the same leading keys has (coarse units only)
 
     @property
     def finished(self) -> bool:
@@ -214,6 +216,7 @@ class Engine:
         max_tokens: int | None = None,
         finish_reason: str | None = None,
         user=None,
+        shared_prefix_tokens: int = 0,
     ) -> Request:
         """Queue a request arriving at `now`.
 
@@ -224,6 +227,12 @@ class Engine:
         prefix (saves re-chaining them). Alternatively `token_ids` gives the prompt's token ids (optionally
         followed by the output's) and the engine hashes their blocks itself. Without either the request shares
         nothing with others.
+
+        With a cache unit coarser than the KV block, the KV blocks past a request's last full unit are kept
+        too (vLLM caches every full block): one chained key past the full units names the unit the request's
+        content ends inside, and a later request with that key there finds them; `shared_prefix_tokens` says
+        how many leading prompt tokens every request with the same leading keys has (a shared system prompt
+        ending inside a unit), so a request continuing differently still finds that prompt's blocks.
         """
         if prompt_tokens < 1 or output_tokens < 1:
             raise ValueError("a request needs at least one prompt token and one output token")
@@ -242,6 +251,14 @@ class Engine:
         )
         reason = finish_reason or ("length" if max_tokens is not None and output_tokens >= max_tokens else "stop")
         req = Request(rid, prompt_tokens, output_tokens, max_tokens, reason, keys, now, self._draw_accept(), user)
+        if self.unit > self.bs and hashes_chained and block_hashes and (hash_unit_tokens or self.unit) == self.unit:
+            # One chained key past the full units is the unit this request's content ends inside: what it
+            # computes of it is found by the next request whose key there is the same (its next turn).
+            n = (prompt_tokens + output_tokens if hashes_cover_output else prompt_tokens) // self.unit
+            if n == len(keys) and len(block_hashes) > n:
+                req.tail = block_hashes[n]
+        if self.unit > self.bs and shared_prefix_tokens % self.unit >= self.bs:
+            req.shared = min(shared_prefix_tokens, prompt_tokens)
         self.waiting.append(req)
         rnd = self._round
         if rnd is not None and not rnd.prefill and self.waiting[0] is req:
@@ -479,6 +496,8 @@ class Engine:
             if self.caching:
                 hit_units = self.cache.match(req.keys, (req.target - 1) // self.unit)
             hit = hit_units * self.unit
+            if hit_units and (self.cache.tails or self.cache.shared):
+                hit = self._tail_hit(req, hit_units, hit)
             remaining = req.target - hit
             if not cfg.enable_chunked_prefill and remaining > budget and self.running:
                 break
@@ -673,8 +692,30 @@ class Engine:
         if self.caching:
             self._cache_computed(req, tokens_with_kv)
             if req.held:
-                self.cache.release(req.keys[: req.held])
+                n = req.held
+                if req.tail is not None and n == len(req.keys):
+                    # vLLM caches every full KV block, so the blocks past the last full unit stay too
+                    blocks = (tokens_with_kv - n * self.unit) // self.bs
+                    if blocks > 0:
+                        self.cache.note_tail(req.keys[n - 1], req.tail, blocks)
+                m = req.shared // self.unit
+                if m and n >= m and tokens_with_kv >= req.shared:
+                    self.cache.note_shared(req.keys[m - 1], (req.shared - m * self.unit) // self.bs)
+                self.cache.release(req.keys[:n])
         req.held = 0
+
+    def _tail_hit(self, req: Request, hit_units: int, hit: int) -> int:
+        """`hit` (tokens in `hit_units` full cached units) plus the blocks an earlier request cached of the
+        next unit, when this request's next unit is that one; never the last prompt token (vLLM recomputes
+        it), in whole blocks."""
+        last = req.keys[hit_units - 1]
+        blocks = self.cache.shared.get(last, 0)
+        tail = self.cache.tails.get(last)
+        if tail is not None and tail[0] == (req.keys[hit_units] if hit_units < len(req.keys) else req.tail):
+            blocks = max(blocks, tail[1])
+        if not blocks:
+            return hit
+        return max(hit, min(hit + blocks * self.bs, (req.target - 1) // self.bs * self.bs))
 
     def _preempt(self, req: Request) -> None:
         self._leave_running(req)

@@ -6,7 +6,10 @@ room. Keys are chain hashes, so a key identifies its block *and* everything befo
 longest run of leading keys present.
 
 The unit of caching may span several KV blocks (`weight` blocks per key) so that a fleet simulator can trade
-precision for speed (Mooncake traces hash 512-token blocks).
+precision for speed (Mooncake traces hash 512-token blocks). A coarse unit would lose every request's partial
+last unit, which vLLM caches block by block; `tails` keeps it: the KV blocks a request computed past its last
+full unit, keyed by that unit, with the key of the unit they begin (engine/perfmodel.py reads them at
+admission); `shared` likewise for a prefix every request with those keys shares (a system prompt).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ _MISSING = object()
 
 
 class PrefixCache:
-    __slots__ = ("weight", "refs", "free", "held_blocks", "free_blocks", "evictions")
+    __slots__ = ("weight", "refs", "free", "held_blocks", "free_blocks", "evictions", "tails", "shared", "_trim_at")
 
     def __init__(self, weight: float) -> None:
         self.weight = weight
@@ -27,6 +30,12 @@ class PrefixCache:
         self.held_blocks = 0.0  # blocks of referenced keys, each counted once
         self.free_blocks = 0.0  # blocks of cached but unreferenced keys
         self.evictions = 0
+        # last full key -> (key of the unit the tail begins, KV blocks of it computed); gone with its key
+        self.tails: dict[int, tuple[int, int]] = {}
+        # last full key of a prefix every request with those keys shares (a system prompt) -> its KV blocks
+        # past that key: whichever unit a request continues with, it begins with them
+        self.shared: dict[int, int] = {}
+        self._trim_at = 64
 
     def __len__(self) -> int:
         return len(self.refs) + len(self.free)
@@ -96,6 +105,27 @@ class PrefixCache:
             self.evictions += 1
         self.free_blocks -= freed
         return freed
+
+    def note_tail(self, key: int, unit_key: int, blocks: int) -> None:
+        """After `key`, the first `blocks` KV blocks of the unit keyed `unit_key` are cached."""
+        self.tails[key] = (unit_key, blocks)
+        if len(self.tails) > self._trim_at:
+            self._trim()
+
+    def note_shared(self, key: int, blocks: int) -> None:
+        """After `key`, `blocks` KV blocks every request with the keys up to it shares are cached."""
+        self.shared[key] = blocks
+        if len(self.shared) > self._trim_at:
+            self._trim()
+
+    def _trim(self) -> None:
+        # Entries whose key was evicted are dropped in bulk once the entries have doubled since the last
+        # trim, not one by one in evict() (its loop is the hot path). Until then one can outlive its key; a
+        # lookup reads it only after matching that key, i.e. once the key is cached again.
+        refs, free = self.refs, self.free
+        self.tails = {k: v for k, v in self.tails.items() if k in refs or k in free}
+        self.shared = {k: v for k, v in self.shared.items() if k in refs or k in free}
+        self._trim_at = 2 * max(len(self.tails), len(self.shared)) + 64
 
     def clear(self) -> None:
         self.free.clear()

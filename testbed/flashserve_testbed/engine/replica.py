@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from flashserve_testbed.engine import dprank
 from flashserve_testbed.engine import metrics as prom
 from flashserve_testbed.engine.args import ServeArgs
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig, Request
@@ -158,6 +159,7 @@ class MockReplica:
         self.names = list(args.served_model_names)
         self.created = int(time.time())
         self._rr = 0
+        self._dp_slack = dprank.slack(self.profile)
         self._wake: asyncio.Future | None = None
         self._tick = None
         self._driver: asyncio.Task | None = None
@@ -284,23 +286,11 @@ class MockReplica:
         return max(1, natural), max_tokens, "stop"
 
     def choose_engine(self, keys: list[int]) -> Engine:
-        engines = self.engines
-        n = len(engines)
+        engines = [e for _, e in self.engines]
         start = self._rr
-        self._rr = (self._rr + 1) % n
-        order = [engines[(start + i) % n][1] for i in range(n)]
-        best = min(order, key=lambda e: e.load_score())
-        if n == 1 or self.settings.dp_routing != "prefix" or not keys:
-            return best
-        floor = best.load_score()
-        # How much busier than the least-loaded rank a cache hit may be: a sixteenth of the sequences a rank
-        # runs at the SLA (4 for the calibrated profiles), so affinity never costs a user the SLA.
-        cal = self.profile.calibration
-        at_sla = cal.throughput_per_gpu_at_sla / (cal.sla_tokens_per_s * (cal.prompt_per_output_token + 1))
-        slack = max(1, round(at_sla / 16), floor // 4)
-        hits = [(e.cached_prefix_units(keys), -e.load_score(), e) for e in order if e.load_score() <= floor + slack]
-        top = max(hits, key=lambda h: (h[0], h[1]))
-        return top[2] if top[0] > 0 else best
+        self._rr = (self._rr + 1) % len(engines)
+        i = dprank.choose(engines, keys, start, self._dp_slack, prefix=self.settings.dp_routing == "prefix")
+        return engines[i]
 
     def submit(self, prompt_tokens: int, out_len: int, hashes: list[int], prompt_units: int,
                max_tokens: int | None, reason: str) -> Request:

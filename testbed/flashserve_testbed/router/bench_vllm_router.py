@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flashserve_testbed.loadgen import Workload, run_load
@@ -178,15 +178,40 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
         from flashserve_testbed.router.ring_replay import replay
 
         urls = [e.url for e in engines]
+        # the mocks run no MTP drafts without --speculative-config (decoding 1 token a step, not the profile's
+        # 1.8): the model's engines the same, or its requests finish early and its ranks look idler
+        spec = None if "--speculative-config" in flags else 0
         # the load generator's session ids, served where the binary sent them
-        sim = replay(report.records, urls, args.profile, seed=seed)
+        sim = replay(report.records, urls, args.profile, seed=seed, num_speculative_tokens=spec)
         # the same with the prefix cache resolved to the mock's KV blocks instead of the benchmark's 512-token
-        # units: what is left of the difference is the router model's, not the cache's granularity
-        fine = replay(report.records, urls, args.profile, seed=seed, cache_unit=0)  # 0: one key per KV block
+        # units (0: one key per KV block)
+        fine = replay(report.records, urls, args.profile, seed=seed, cache_unit=0, num_speculative_tokens=spec)
         out["sim"] = {"requests_per_engine": sim.requests_per_engine, "hit_rate": sim.hit_rate,
                       "hit_rate_block_units": fine.hit_rate}
         out["client_cached_fraction"] = s["cached_fraction"]
+        out["urls"] = urls
+        # the requests themselves, so the replay can be rerun offline (replay_json) against the same run
+        out["records"] = [asdict(rec) for rec in report.records]
     return out
+
+
+def spread_diff(real: list[float], sim: list[float]) -> float:
+    """Largest difference, in points, between two per-engine shares of requests."""
+    a = [100 * v / (sum(real) or 1) for v in real]
+    b = [100 * v / (sum(sim) or 1) for v in sim]
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def calibrate_medians(runs: list[dict]) -> dict:
+    """Medians over calibrate rounds of the real and simulated hit rates, their differences and the spread."""
+    med = statistics.median
+    ok = [r for r in runs if r["hit_rate"] is not None and r["sim"]["hit_rate"] is not None]
+    return {"rounds": len(ok), "real": med(r["hit_rate"] for r in ok),
+            "sim": med(r["sim"]["hit_rate"] for r in ok),
+            "sim_blocks": med(r["sim"]["hit_rate_block_units"] for r in ok),
+            "diff": med(r["sim"]["hit_rate"] - r["hit_rate"] for r in ok),
+            "diff_blocks": med(r["sim"]["hit_rate_block_units"] - r["hit_rate"] for r in ok),
+            "spread": med(spread_diff(r["requests_per_engine"], r["sim"]["requests_per_engine"]) for r in ok)}
 
 
 def _summed(texts: list[str], name: str) -> dict[str, float]:
@@ -291,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=25.0, help="wall seconds of load per run")
     p.add_argument("--profile", default="gb200-4gpu-demo")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="calibrate: rounds at seeds --seed, --seed+1, ... (medians printed when more than one)")
     p.add_argument("--tuned-cache", type=float, default=0.8, help="--cache-threshold of the tuned cache_aware run")
     p.add_argument("--tuned-abs", type=int, default=4, help="--balance-abs-threshold of the tuned cache_aware run")
     p.add_argument("--overhead-rounds", type=int, default=5)
@@ -311,8 +338,11 @@ def main(argv: list[str] | None = None) -> int:
             todo = [r for r in todo if r.name in keep]
         print(f"{'run':38} {'hit rate':>8} {'requests/engine %':>18} {'TTFT p50':>9} {'p99':>7}  ok/err  "
               "router token inputs", flush=True)
-        for run in todo:
-            r = one_run(run, args, work, args.seed)
+        # calibrate repeats over --rounds seeds (its medians below); the other suites run once, at --seed
+        todo = [(run, args.seed + i) for run in todo for i in range(args.rounds if run.replay else 1)]
+        for run, seed in todo:
+            r = one_run(run, args, work, seed)
+            r["seed"] = seed
             results["runs"].append(r)
             inputs = ",".join(f"{_result_label(k)}:{v:.0f}" for k, v in r["router_token_inputs"].items()) or "-"
             hit = "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.1f}%"
@@ -321,14 +351,19 @@ def main(argv: list[str] | None = None) -> int:
             if "sim" in r:
                 sim = r["sim"]
                 shit = "-" if sim["hit_rate"] is None else f"{100 * sim['hit_rate']:.1f}%"
-                real = [100 * v / (sum(r["requests_per_engine"]) or 1) for v in r["requests_per_engine"]]
-                pred = [100 * v / (sum(sim["requests_per_engine"]) or 1) for v in sim["requests_per_engine"]]
                 print(f"{'  simulator, router model, same requests':38} {shit:>8} "
                       f"{_shares(sim['requests_per_engine']):>18}  (hit rate {100 * ((sim['hit_rate'] or 0) - (r['hit_rate'] or 0)):+.1f} "
-                      f"points; spread max |diff| {max(abs(a - b) for a, b in zip(real, pred)):.1f} points)", flush=True)
+                      f"points; spread max |diff| {spread_diff(r['requests_per_engine'], sim['requests_per_engine']):.1f} points)", flush=True)
                 fh = sim["hit_rate_block_units"]
                 print(f"{'  the same, cache in KV blocks':38} {'-' if fh is None else f'{100 * fh:.1f}%':>8} "
                       f"{'':>18}  (hit rate {100 * ((fh or 0) - (r['hit_rate'] or 0)):+.1f} points)", flush=True)
+        cal = [r for r in results["runs"] if "sim" in r]
+        if len(cal) > 1:
+            results["calibrate_medians"] = med = calibrate_medians(cal)
+            print(f"calibrate, median of {len(cal)} rounds (seeds {cal[0]['seed']}-{cal[-1]['seed']}): hit rate real "
+                  f"{100 * med['real']:.1f}%, simulator {100 * med['sim']:.1f}% ({100 * med['diff']:+.1f} points), "
+                  f"KV-block units {100 * med['sim_blocks']:.1f}% ({100 * med['diff_blocks']:+.1f}); spread max "
+                  f"|diff| {med['spread']:.1f} points", flush=True)
         for policy in filter(None, args.overhead_policies.split(",") if "overhead" in args.suite else ()):
             o = overhead(args, work, policy)
             results["overhead"].append(o)
