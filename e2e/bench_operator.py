@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from flashserve_testbed.localcluster import Layout, down, ensure_up
 
-from e2e.support import OperatorProcess, wait_until
+from e2e.support import OperatorProcess, wait_established, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "flashserve.io_deepseekservings.yaml"
@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import subprocess
 
-    def kubectl(*a: str, input: str | None = None) -> subprocess.CompletedProcess:
+    def kubectl(*a: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run([kubectl_bin, "--kubeconfig", str(info.kubeconfig), *a], input=input,
-                              capture_output=True, text=True, check=True)  # fmt: skip
+                              capture_output=True, text=True, check=check)  # fmt: skip
 
     ns = "flashserve-bench"
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/deepseekservings.flashserve.io")
+    wait_established(kubectl, "deepseekservings.flashserve.io")
     subprocess.run([kubectl_bin, "--kubeconfig", str(info.kubeconfig), "delete", "ns", ns, "--wait=true"],
                    capture_output=True)  # fmt: skip
     kubectl("create", "ns", ns)

@@ -90,13 +90,15 @@ class Stack:
         from kubernetes import client, config
 
         from flashserve_testbed.localcluster import ensure_up
+        from flashserve_testbed.localcluster.kube import wait_for_crd
 
         log("[demo] local cluster: control plane, KWOK Blackwell node pools, Prometheus (first run builds nothing "
             "here; `make deps` built the toolchain)")  # fmt: skip
         self.info = ensure_up(layout=self.layout, pod_readiness="external", prometheus_port=0)
         self.api = config.new_client_from_config(config_file=str(self.info.kubeconfig))
         self.kubectl([ "apply", "--server-side", "--force-conflicts", "-f", str(_crd_file())])
-        self.kubectl(["wait", "--for=condition=Established", "crd/deepseekservings.flashserve.io", "--timeout=60s"])
+        # Polled: on a fresh API server the CRD can have no conditions yet, and `kubectl wait` fails at once.
+        wait_for_crd(self.api, "deepseekservings.flashserve.io")
         core = client.CoreV1Api(self.api)
         try:
             core.create_namespace({"metadata": {"name": self.namespace}})
