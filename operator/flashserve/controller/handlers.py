@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import kopf
 
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
-from flashserve.controller.observe import Observed, pod_view, serving_key, slim
+from flashserve.controller.observe import CHILDREN, Observed, pod_view, serving_key, slim
 from flashserve.controller.reconciler import Controller
 from flashserve.render.startup import OWNER_LABEL
 from flashserve.render.naming import (
@@ -50,40 +49,9 @@ def _wake(key: tuple[str, str] | None) -> None:
             event.set()
 
 
-# The resources whose objects the operator makes (and so watches): their kinds, and the Observed field that
-# holds them. Their watches are restricted by the API server to MANAGED objects (kopf's
-# settings.watching.label_selectors, see main.py): the `labels=` filter of a handler is applied by kopf on the
-# client, after every object of the kind in the watched namespaces has been sent, parsed and queued.
-@dataclass(frozen=True)
-class Child:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    field: str  # of Observed
-
-    @property
-    def index(self) -> str:
-        """The kopf index of this kind (kopf names an index by its handler's id)."""
-        return f"fs_{self.field}"
-
-
-CHILDREN = (
-    Child("apps", "v1", "statefulsets", "StatefulSet", "statefulsets"),
-    Child("", "v1", "services", "Service", "services"),
-    Child("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", "pdbs"),
-    Child("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", "netpols"),
-    Child("", "v1", "pods", "Pod", "pods"),
-    Child("apps", "v1", "deployments", "Deployment", "deployments"),
-    Child("", "v1", "serviceaccounts", "ServiceAccount", "serviceaccounts"),
-    Child("rbac.authorization.k8s.io", "v1", "roles", "Role", "roles"),
-    Child("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", "rolebindings"),
-    # The InferencePool CRD comes with an inference gateway and may be missing: kopf then serves no watch for
-    # it (it logs that the resource is unresolved) and starts one when the CRD appears.
-    Child("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool", "inferencepools"),
-    Child("apps", "v1", "daemonsets", "DaemonSet", "daemonsets"),
-    Child("batch", "v1", "jobs", "Job", "jobs"),
-)
+# Their watches are restricted by the API server to MANAGED objects (kopf's settings.watching.label_selectors,
+# see main.py): the `labels=` filter of a handler is applied by kopf on the client, after every object of the
+# kind in the watched namespaces has been sent, parsed and queued.
 CHILD_RESOURCES = {(c.group, c.version, c.plural): c.kind for c in CHILDREN}
 MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 # A serving's StatefulSets and Services that are being deleted are taken as gone (made again if still

@@ -43,6 +43,39 @@ class PodView:
     ready_at: float | None = None
 
 
+# The resources whose objects the operator makes (and so watches, controller/handlers.py): their kinds, and
+# the Observed field that holds them.
+@dataclass(frozen=True)
+class Child:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    field: str  # of Observed
+
+    @property
+    def index(self) -> str:
+        """The kopf index of this kind (kopf names an index by its handler's id)."""
+        return f"fs_{self.field}"
+
+
+CHILDREN = (
+    Child("apps", "v1", "statefulsets", "StatefulSet", "statefulsets"),
+    Child("", "v1", "services", "Service", "services"),
+    Child("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", "pdbs"),
+    Child("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", "netpols"),
+    Child("", "v1", "pods", "Pod", "pods"),
+    Child("apps", "v1", "deployments", "Deployment", "deployments"),
+    Child("", "v1", "serviceaccounts", "ServiceAccount", "serviceaccounts"),
+    Child("rbac.authorization.k8s.io", "v1", "roles", "Role", "roles"),
+    Child("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", "rolebindings"),
+    # The InferencePool CRD comes with an inference gateway and may be missing: kopf then serves no watch for
+    # it (it logs that the resource is unresolved) and starts one when the CRD appears.
+    Child("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool", "inferencepools"),
+    Child("apps", "v1", "daemonsets", "DaemonSet", "daemonsets"),
+    Child("batch", "v1", "jobs", "Job", "jobs"),
+)
+
 @dataclass
 class Observed:
     statefulsets: dict[str, dict] = field(default_factory=dict)  # by name
@@ -65,10 +98,7 @@ class Observed:
 
     def by_kind(self) -> dict[str, dict[str, dict]]:
         """The observed children of each kind the controller watches, by name (pods aside)."""
-        return {"StatefulSet": self.statefulsets, "Service": self.services, "PodDisruptionBudget": self.pdbs,
-                "NetworkPolicy": self.netpols, "Deployment": self.deployments,
-                "ServiceAccount": self.serviceaccounts, "Role": self.roles, "RoleBinding": self.rolebindings,
-                "InferencePool": self.inferencepools, "DaemonSet": self.daemonsets, "Job": self.jobs}  # fmt: skip
+        return {c.kind: getattr(self, c.field) for c in CHILDREN if c.field != "pods"}
     # Not from the watches: what the reconciler gathered before planning, so that the plan stays pure.
     now: float = 0.0  # wall clock, seconds since the epoch (drain times are wall-clock annotations)
     in_flight: dict[str, int | None] = field(default_factory=dict)  # pod -> running + waiting requests it
