@@ -19,8 +19,7 @@ from flashserve.clock import now_iso
 from flashserve.autoscaling.allowlist import PrometheusAllowList
 from flashserve.autoscaling.promql import Queries
 from flashserve.controller.autoscale import Autoscaler
-from flashserve.controller.observe import CHILDREN
-from flashserve.controller.observe import DRAIN_SINCE_ANNOTATION, Observed, PodView, slim
+from flashserve.controller.observe import CHILDREN, DRAIN_SINCE_ANNOTATION, Observed, PodView, slim
 from flashserve.controller.reconciler import RECENT_WRITE_S, Controller
 from flashserve.render.naming import (
     GROUP_LABEL,
