@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from flashserve_testbed.localcluster.procs import end
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT_LINE = re.compile(r"on http://127\.0\.0\.1:(\d+) ")
@@ -38,12 +39,7 @@ class MockServer:
         raise AssertionError("mock engine never became healthy")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        end(self.proc)
 
 
 def mock_env(**extra: str) -> dict[str, str]:

@@ -21,6 +21,8 @@ import time
 
 import aiohttp
 
+from flashserve_testbed.localcluster.procs import end
+
 MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
 
 
@@ -99,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
               f"token ({statistics.median(per_chunk):.1f} us per SSE chunk); one core streams about "
               f"{1e6 / statistics.median(per_token):,.0f} tokens/s")
     finally:
-        proc.terminate()
-        proc.wait(10)
+        end(proc)
     return 0
 
 

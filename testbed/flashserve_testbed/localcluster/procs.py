@@ -75,6 +75,18 @@ def stop(pid: int, timeout: float = 10.0) -> None:
             time.sleep(0.1)
 
 
+def end(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop a child started with Popen: SIGTERM, SIGKILL after `timeout`, and reap it either way."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5.0)
+
+
 def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)

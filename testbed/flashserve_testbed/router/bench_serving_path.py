@@ -40,6 +40,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from flashserve_testbed.localcluster.procs import end
+
 SERVINGS = {
     "routed": {"replicas": 3},
     "single": {"replicas": 1},
@@ -306,8 +308,7 @@ def measure(stack, name: str, sessions: int, seconds: float, seed: int, prefix: 
         before = prefix_counters(urls)
         doc = _load(base, sessions, seconds, seed, prefix, out)
     finally:
-        proxy.terminate()
-        proxy.wait(timeout=10)
+        end(proxy)
     wait_idle(urls)
     after = prefix_counters(urls)
     s = doc["summary"]

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flashserve_testbed.loadgen import Workload, run_load
+from flashserve_testbed.localcluster.procs import end
 from flashserve_testbed.router import mockfleet as mf
 from flashserve_testbed.router.vllm_router import RouterOptions, VllmRouter, free_port
 
@@ -156,8 +157,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
         for router in routers:
             router.stop()
         if service:
-            service.terminate()
-            service.wait(10)
+            end(service)
         mf.stop_all(engines)
     hits = sum(mf.counter(t, "vllm:prefix_cache_hits_total") for t in texts)
     queries = sum(mf.counter(t, "vllm:prefix_cache_queries_total") for t in texts)

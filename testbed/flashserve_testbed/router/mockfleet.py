@@ -12,6 +12,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashserve_testbed.localcluster.procs import end
+
 MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
 SERVED = "dsv4"
 _PORT_LINE = re.compile(r"on http://127\.0\.0\.1:(\d+) ")
@@ -33,13 +35,7 @@ class MockEngine:
             return r.read().decode()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end(self.proc)
 
 
 def _env(profile: str | None, seed: int, time_scale: float) -> dict[str, str]:

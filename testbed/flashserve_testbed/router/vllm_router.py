@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import IO, Literal
 from urllib.parse import urlsplit
 
+from flashserve_testbed.localcluster.procs import end
+
 VERSION = "0.1.17"
 SCRIPT = "vllm-router"
 HOST = "127.0.0.1"
@@ -228,13 +230,8 @@ class VllmRouter:
             return ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            end(self.proc)
         if self._log is not None:
             self._log.close()
             self._log = None
