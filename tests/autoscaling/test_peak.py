@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from flashserve.autoscaling.peak import BUCKETS, PeakMemory
+from flashserve.autoscaling.peak import BUCKETS, FALL, RETURN, TROUGHS, PeakMemory, Recurrence
 
 WINDOW = 1600.0  # buckets of 200 s
 
@@ -50,3 +50,72 @@ def test_round_trips_through_json_and_tolerates_junk():
     assert again.peak(1185.0, WINDOW) == pytest.approx(m.peak(1185.0, WINDOW))
     for junk in (None, "x", [[1, "nan"]], [["a", 2]], [[1]], [[0, -5]], {"buckets": []}):
         assert PeakMemory.from_dict(junk) == PeakMemory()
+
+
+# ------------------------------------------------------------------------------------------ recurrence
+
+HORIZON = 3600.0
+
+
+def _bursts(period: float, length: float, until: float, high=800.0, low=400.0, step=15.0):
+    """Readings of bursts at `high` lasting `length` s every `period` s, over a base `low`."""
+    t = 0.0
+    while t < until:
+        yield t, high if t % period < length else low
+        t += step
+
+
+def _feed(readings, rec=None, shortest=0.0):
+    rec = rec or Recurrence()
+    for t, v in readings:
+        rec = rec.update(t, v, HORIZON, shortest)
+    return rec, t
+
+
+def test_the_gap_is_the_time_from_the_last_high_to_its_return():
+    rec, now = _feed(_bursts(period=1200.0, length=180.0, until=4000.0))
+    # readings every 15 s: the last high of a burst is at 165 s into it, the next burst starts at 1200
+    assert rec.gap(now, HORIZON) == pytest.approx(1200.0 - 165.0)
+    assert len(rec.troughs) == TROUGHS
+
+
+def test_noise_within_a_burst_is_no_recurrence():
+    # Within a crowd demand moves between FALL and RETURN of its high: no gap is recorded.
+    readings = [(t * 15.0, 800.0 * ((FALL + RETURN) / 2 if t % 3 else 1.0)) for t in range(200)]
+    rec, now = _feed(readings)
+    assert rec.troughs == () and rec.gap(now, HORIZON) == 0.0
+
+
+def test_gaps_shorter_than_the_memory_already_held_are_not_recorded():
+    rec, now = _feed(_bursts(period=600.0, length=120.0, until=4000.0), shortest=900.0)
+    assert rec.gap(now, HORIZON) == 0.0
+    rec, now = _feed(_bursts(period=600.0, length=120.0, until=4000.0), shortest=300.0)
+    assert rec.gap(now, HORIZON) == pytest.approx(600.0 - 105.0)
+
+
+def test_a_step_up_or_a_single_crowd_is_no_recurrence():
+    step = [(t * 15.0, 400.0 if t < 40 else 4000.0) for t in range(400)]
+    crowd = [(t * 15.0, 4000.0 if 40 <= t < 120 else 400.0) for t in range(400)]
+    for readings in (step, crowd):
+        rec, now = _feed(readings)
+        assert rec.gap(now, HORIZON) == 0.0
+
+
+def test_bursts_that_stop_coming_back_are_forgotten_after_the_horizon():
+    rec, now = _feed(_bursts(period=1200.0, length=180.0, until=4000.0))
+    assert rec.gap(now, HORIZON) > 0
+    last_return = rec.returned_at
+    rec, now = _feed(((now + 15.0 * i, 400.0) for i in range(1, 400)), rec)
+    assert now - last_return > HORIZON
+    assert rec.gap(now, HORIZON) == 0.0
+    # ... and a high older than the horizon is forgotten: a lower level's bursts count again
+    rec, now = _feed(((now + t, v) for t, v in _bursts(1200.0, 180.0, 4000.0, high=500.0, low=250.0)), rec)
+    assert rec.high == 500.0 and rec.gap(now, HORIZON) == pytest.approx(1200.0 - 165.0)
+
+
+def test_recurrence_round_trips_and_tolerates_junk():
+    rec, _ = _feed(_bursts(period=1200.0, length=180.0, until=3000.0))
+    assert Recurrence.from_dict(json.loads(json.dumps(rec.to_dict()))) == rec
+    for junk in (None, "x", {"high": "nan"}, {"high": -1}, {"troughs": ["a"]}, {"troughs": [-5]}, {"highAt": []}):
+        assert Recurrence.from_dict(junk) == Recurrence()
+    assert rec.update(1e6, float("nan"), HORIZON) == rec and rec.update(1e6, 1.0, 0.0) == rec

@@ -302,6 +302,52 @@ def test_release_keeps_what_the_recent_peak_needed():
     assert first is not None and first <= 240 + off.down_delay_s + 2 * off.evaluation_interval_s
 
 
+def _bursty(cfg, until=6000.0, period=1200.0):
+    """Bursts of 4.5 replicas' worth for 3 minutes every `period` s over 1.5 replicas' worth; the fleet
+    follows the decisions at once. Returns the releases (time, replicas), the last decision and the
+    longest peak memory a decision reported."""
+    counts, state, t, releases, d, memory = ReplicaCounts(desired=5, ready=5), PolicyState(), 0.0, [], None, 0.0
+    while t < until:
+        d = run(t, 4.5 * CAP if t % period < 180.0 else 1.5 * CAP, counts, cfg=cfg, state=state)
+        state = d.state
+        memory = max(memory, d.readings.get("peakMemorySeconds") or 0.0)
+        if d.apply:
+            if d.desired < d.current:
+                releases.append((t, d.desired))
+            counts = ReplicaCounts(desired=d.desired, ready=d.desired)
+        t += cfg.evaluation_interval_s
+    return releases, d, memory
+
+
+def test_peak_memory_outlasts_bursts_that_keep_coming_back():
+    # A 2-minute start-up: four of them (8 min) end before the next burst, 20 minutes on. Without the
+    # recurrence the fleet is released between every two bursts; with it, once two bursts have shown the
+    # gap, it is held across the gaps that follow.
+    base = replace(CFG, replica_startup_s=120.0, peak_window_startups=4.0)
+    releases, _, memory = _bursty(base)
+    between = lambda rs, after: [r for r in rs if r[0] > after and (r[0] % 1200.0) > 180.0]  # noqa: E731
+    assert len(between(releases, 2400.0)) >= 2 and memory == 480.0
+    on = replace(base, peak_recurrence_s=3600.0)
+    releases, d, memory = _bursty(on)
+    assert between(releases, 2400.0) == []
+    gap = 1200.0 - 165.0  # the last reading of a burst is 165 s into it
+    assert d.state.recurrence.gap(5985.0, 3600.0) == pytest.approx(gap, abs=15.0)
+    # the memory used, in the readings: the margin over the gap (give or take a reading), not the horizon
+    assert P.RECURRENCE_MARGIN * (gap - 15.0) <= memory <= P.RECURRENCE_MARGIN * (gap + 15.0)
+    # the state survives a restart (the annotation) with the gap in it
+    again = PolicyState.from_dict(copy.deepcopy(d.state.to_dict()))
+    assert again.recurrence == d.state.recurrence
+
+
+def test_the_recurrence_never_lengthens_an_explicit_peak_window_and_is_capped():
+    cfg = replace(CFG, replica_startup_s=120.0, peak_recurrence_s=900.0)
+    assert cfg.peak_window_for(0.0) == cfg.peak_window_s == 480.0
+    assert cfg.peak_window_for(600.0) == P.RECURRENCE_MARGIN * 600.0
+    assert cfg.peak_window_for(5000.0) == 900.0  # at most peak_recurrence_s
+    assert replace(cfg, peak_memory_s=60.0).peak_window_for(600.0) == 60.0
+    assert replace(cfg, peak_recurrence_s=None).peak_window_for(600.0) == 480.0
+
+
 def _crowd_then_recovery(cfg):
     """2 replicas meet a crowd: 4 x CAP running and 5 x CAP queued (a stock that slow service swells) order
     far more than the 3.5 x CAP users need once served at the SLA. Returns the scale-up and every release."""

@@ -14,7 +14,7 @@ Kept as a few buckets (the maximum per eighth of the window), so that it fits in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 BUCKETS = 8
 
@@ -60,3 +60,77 @@ class PeakMemory:
 
 def _sig(v: float, digits: int) -> float:
     return float(f"{v:.{digits}g}")
+
+
+# A burst is over once demand falls below FALL of its high, and the next has come once demand is back at
+# RETURN of it: a crowd's own noise moves between the two without counting as either.
+FALL, RETURN = 0.75, 0.9
+TROUGHS = 3
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """How long demand stays away from its high before it comes back: the peak memory must outlast that gap,
+    or it releases the replicas the next burst needs a start-up before they are back.
+
+    The gap runs from the last reading near the high (RETURN of it or more) to the first one near it again
+    after a fall below FALL of it. A high older than `horizon_s` is forgotten (the level moved), and so are
+    gaps whose return is older than that: once traffic stops coming back the memory returns to its
+    start-up-based length.
+    """
+
+    high: float = 0.0
+    high_at: float | None = None
+    """The last reading at or above RETURN x high."""
+    fallen: bool = False
+    """Demand fell below FALL x high since high_at."""
+    returned_at: float | None = None
+    troughs: tuple[float, ...] = ()
+    """Seconds from high_at to the return, of the last few returns, oldest first."""
+
+    def update(self, now: float, demand: float, horizon_s: float, shortest_s: float = 0.0) -> Recurrence:
+        """`shortest_s`: gaps shorter than this are not recorded (a memory that long covers them already)."""
+        if not math.isfinite(demand) or demand < 0 or horizon_s <= 0:
+            return self
+        if self.high_at is None or now - self.high_at > horizon_s:
+            # A first reading, or a high too old to say anything about the next burst: start again from here.
+            return Recurrence(demand, now, False, self.returned_at, self.troughs)
+        if demand >= RETURN * self.high:
+            troughs, returned_at = self.troughs, self.returned_at
+            if self.fallen and now - self.high_at >= shortest_s:
+                troughs, returned_at = (*self.troughs, now - self.high_at)[-TROUGHS:], now
+            return Recurrence(max(self.high, demand), now, False, returned_at, troughs)
+        if demand < FALL * self.high and not self.fallen:
+            return replace(self, fallen=True)
+        return self
+
+    def gap(self, now: float, horizon_s: float) -> float:
+        """The longest recent gap, 0 when demand has not come back within the horizon. The longest, not a
+        middle one: gaps between bursts vary, and a memory shorter than the next one is no memory."""
+        if not self.troughs or self.returned_at is None or now - self.returned_at > horizon_s:
+            return 0.0
+        return max(self.troughs)
+
+    def to_dict(self) -> dict:
+        out: dict = {"high": _sig(self.high, 6), "troughs": [_sig(t, 6) for t in self.troughs]}
+        for key, value in (("highAt", self.high_at), ("returnedAt", self.returned_at)):
+            if value is not None:
+                out[key] = _sig(value, 12)
+        if self.fallen:
+            out["fallen"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, data: object) -> Recurrence:
+        if not isinstance(data, dict):
+            return cls()
+        try:
+            high = float(data.get("high", 0.0))
+            troughs = tuple(float(t) for t in data.get("troughs", ()))[-TROUGHS:]
+            high_at, returned_at = (None if data.get(k) is None else float(data[k]) for k in ("highAt", "returnedAt"))
+        except (TypeError, ValueError, OverflowError):
+            return cls()
+        values = [high, *troughs, *(v for v in (high_at, returned_at) if v is not None)]
+        if not all(math.isfinite(v) for v in values) or min((high, *troughs)) < 0:
+            return cls()
+        return cls(high, high_at, data.get("fallen") is True, returned_at, troughs)

@@ -42,7 +42,7 @@ from flashserve.autoscaling.capacity import (
     CapacityPrior,
     prior_users_per_replica,
 )
-from flashserve.autoscaling.peak import PeakMemory
+from flashserve.autoscaling.peak import PeakMemory, Recurrence
 from flashserve.autoscaling.reasons import (
     ABOVE_MAX,
     AT_MAX,
@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 ACTIVE, ADVISORY = "Active", "Advisory"
 # The replica shape PolicyConfig's default prior is for.
 DEFAULT_GPUS_PER_REPLICA = 4
+# The peak memory outlasts a recurring gap by this much: the last high lies up to a bucket (1/8 of the
+# window) before the memory's newest bucket starts, and a burst's rise takes a metrics window to read.
+RECURRENCE_MARGIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,11 @@ class PolicyConfig:
     replica_startup_s, 0: release down to the demand of the moment."""
     peak_window_startups: float = 4.0
     """The peak memory, in start-up times, while peak_memory_s is None (it follows the learned start-up)."""
+    peak_recurrence_s: float | None = None
+    """None: off. While peak_memory_s is None, the peak memory also outlasts the gap between bursts that keep
+    coming back (peak.Recurrence): at least RECURRENCE_MARGIN x the median recent gap, at most this long.
+    With short start-ups four of them end before the next burst, and what is released then is a start-up
+    and a metrics window late for it."""
     trend_horizon_s: float | None = None
     """How far ahead a rising demand trend is projected when sizing the fleet; None: trend_horizon_startups x
     replica_startup_s (what is ordered now serves from then on), 0: no projection."""
@@ -230,6 +238,13 @@ class PolicyConfig:
         window = self.peak_window_startups * self.replica_startup_s
         return window if self.peak_window_max_s is None else min(window, self.peak_window_max_s)
 
+    def peak_window_for(self, recurrence_gap_s: float) -> float:
+        """The peak memory, given the gap after which bursts have been coming back (0: none seen)."""
+        window = self.peak_window_s
+        if self.peak_memory_s is not None or self.peak_recurrence_s is None or recurrence_gap_s <= 0:
+            return window
+        return max(window, min(self.peak_recurrence_s, RECURRENCE_MARGIN * recurrence_gap_s))
+
     @property
     def horizon_s(self) -> float:
         if self.trend_horizon_s is None:
@@ -261,6 +276,7 @@ class PolicyState:
     capacity: CapacityModel = field(default_factory=CapacityModel)
     demand: DemandTrend = field(default_factory=DemandTrend)
     peaks: PeakMemory = field(default_factory=PeakMemory)
+    recurrence: Recurrence = field(default_factory=Recurrence)
     startup: StartupLearner = field(default_factory=StartupLearner)
     last_desired: int | None = None
     """The value this autoscaler last set, in Active mode; a different spec.replicas is an outside edit."""
@@ -282,6 +298,8 @@ class PolicyState:
         out: dict = {"capacity": self.capacity.to_dict(), "demand": self.demand.to_dict()}
         if self.peaks.buckets:
             out["peaks"] = self.peaks.to_dict()
+        if self.recurrence.high_at is not None:
+            out["recurrence"] = self.recurrence.to_dict()
         if self.startup.n:
             out["startup"] = self.startup.to_dict()
         for key in ("last_desired", "last_change_at", "surplus_since", "breach_since", "at_risk_since",
@@ -313,6 +331,7 @@ class PolicyState:
             capacity=CapacityModel.from_dict(data.get("capacity")),
             demand=DemandTrend.from_dict(data.get("demand")),
             peaks=PeakMemory.from_dict(data.get("peaks")),
+            recurrence=Recurrence.from_dict(data.get("recurrence")),
             startup=StartupLearner.from_dict(data.get("startup")),
             last_desired=num("last_desired", int),
             last_change_at=num("last_change_at"),

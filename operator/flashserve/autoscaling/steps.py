@@ -20,7 +20,7 @@ from flashserve.autoscaling.capacity import (
     capacity_through,
     clamp_capacity,
 )
-from flashserve.autoscaling.peak import PeakMemory
+from flashserve.autoscaling.peak import PeakMemory, Recurrence
 from flashserve.autoscaling.reasons import (
     AT_MAX,
     HOLD_PENDING,
@@ -142,6 +142,9 @@ class Demand:
     planned: float
     """The demand, or its level projected over the horizon while it rises."""
     peaks: PeakMemory
+    recurrence: Recurrence
+    peak_window_s: float
+    """The peak memory this evaluation: start-up-based, or longer to outlast bursts that keep coming back."""
     recent_peak: float
     required: int
     """Replicas the planned demand needs at the scale-up utilization."""
@@ -213,6 +216,7 @@ def decide_on_metrics(
             capacity=est.model,
             demand=demand.trend,
             peaks=demand.peaks,
+            recurrence=demand.recurrence,
             sla_met_at=est.sla_met_at,
             surplus_since=action.surplus_since,
             releasing=action.releasing,
@@ -373,12 +377,19 @@ def plan_demand(
     served_at_sla = running * min(1.0, speed / cfg.sla_tokens_per_s) if speed is not None and speed > 0 else running
     # Not a deep-overload window unless PolicyConfig.peak_from_overload: the engines hold what the fleet can
     # run (a backlog's drain included), which says the fleet is short, not how many users need serving.
-    peaks = state.peaks.update(now, served_at_sla + load.sessions, cfg.peak_window_s) if remember else state.peaks
+    held = served_at_sla + load.sessions
+    recurrence = state.recurrence
+    if remember and cfg.peak_recurrence_s is not None:
+        recurrence = recurrence.update(now, held, cfg.peak_recurrence_s, cfg.peak_window_s)
+    window = cfg.peak_window_for(recurrence.gap(now, cfg.peak_recurrence_s or 0.0))
+    peaks = state.peaks.update(now, held, window) if remember else state.peaks
     return Demand(
         trend=trend,
         planned=planned,
         peaks=peaks,
-        recent_peak=peaks.peak(now, cfg.peak_window_s),
+        recurrence=recurrence,
+        peak_window_s=window,
+        recent_peak=peaks.peak(now, window),
         required=replicas_for(planned, capacity, cfg.scale_up_utilization),
     )
 
@@ -452,7 +463,8 @@ def scale_down(
     # The peak is held at what serving it needs (the scale-up line), not with the release hysteresis: it is
     # already the maximum of a long window, there is no noise left to band against.
     need = max(need, replicas_for(demand.recent_peak, capacity, cfg.scale_up_utilization))
-    extra: Readings = (("requiredForRelease", need), ("recentPeak", rounded(demand.recent_peak)))
+    extra: Readings = (("requiredForRelease", need), ("recentPeak", rounded(demand.recent_peak)),
+                       ("peakMemorySeconds", rounded(demand.peak_window_s)))  # fmt: skip
     candidate = max(base - (cfg.scale_down_step or 1), cfg.min_replicas, need)
     if cfg.scale_down_step is None and state.last_direction > 0 and not state.releasing:
         # The first release since the fleet last grew. A scale-up in overload is sized on running + waiting
