@@ -159,7 +159,7 @@ class PolicyConfig:
     """The peak memory, in start-up times, while peak_memory_s is None (it follows the learned start-up)."""
     peak_recurrence_s: float | None = None
     """None: off. While peak_memory_s is None, the peak memory also outlasts the gap between bursts that keep
-    coming back (peak.Recurrence): at least RECURRENCE_MARGIN x the median recent gap, at most this long.
+    coming back (peak.Recurrence): at least RECURRENCE_MARGIN x the longest recent gap, at most this long.
     With short start-ups four of them end before the next burst, and what is released then is a start-up
     and a metrics window late for it."""
     trend_horizon_s: float | None = None

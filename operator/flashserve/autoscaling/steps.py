@@ -378,10 +378,12 @@ def plan_demand(
     # Not a deep-overload window unless PolicyConfig.peak_from_overload: the engines hold what the fleet can
     # run (a backlog's drain included), which says the fleet is short, not how many users need serving.
     held = served_at_sla + load.sessions
-    recurrence = state.recurrence
-    if remember and cfg.peak_recurrence_s is not None:
-        recurrence = recurrence.update(now, held, cfg.peak_recurrence_s, cfg.peak_window_s)
-    window = cfg.peak_window_for(recurrence.gap(now, cfg.peak_recurrence_s or 0.0))
+    recurrence, gap = state.recurrence, 0.0
+    if cfg.peak_recurrence_s is not None:
+        if remember:
+            recurrence = recurrence.update(now, held, cfg.peak_recurrence_s, cfg.peak_window_s)
+        gap = recurrence.gap(now, cfg.peak_recurrence_s)
+    window = cfg.peak_window_for(gap)
     peaks = state.peaks.update(now, held, window) if remember else state.peaks
     return Demand(
         trend=trend,
