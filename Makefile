@@ -9,7 +9,7 @@ CRD := crds/flashserve.io_deepseekservings.yaml
 
 help:
 	@echo "make install     Python venv with flashserve and its test tools ($(VENV))"
-	@echo "make deps        system packages the local cluster needs (Prometheus), the cluster toolchain and the"
+	@echo "make deps        system packages the tests need (Prometheus, tcpdump), the cluster toolchain and the"
 	@echo "                 vLLM 0.33 contract venv (tools/vllm-contract/install.sh)"
 	@echo "make crds        regenerate $(CRD) from the typed API"
 	@echo "make test        unit tests, then e2e tests on the local cluster (brought up if needed)"

@@ -104,3 +104,38 @@ def test_ceiling_summary_takes_medians_over_rounds():
     assert c["routed"]["affinity"] == 0.9 and c["routed"]["random"] == 0.7
     assert c["routed"]["gap_points"] == pytest.approx(20.0)
     assert ceiling_summary([{"modes": {"routed": {}, "service": {}}}]) is None
+
+
+def test_a_kv_capacity_becomes_the_fewest_blocks_that_hold_it_through_the_servings_own_fields():
+    from flashserve_testbed.engine.profile import load
+    from flashserve_testbed.router.bench_serving_path import engine_for_kv, serving_name
+
+    p = load("gb200-4gpu-demo")
+    assert engine_for_kv(None) == {} and serving_name("routed", None) == "routed"
+    for kv in (12800, 12801, 32768):
+        e = engine_for_kv(kv)
+        blocks = p.kv_blocks(e["gpuMemoryUtilization"])
+        # the engines' own memory arithmetic gives the cache asked for, to the block, and no context over it
+        assert blocks == -(-kv // p.block_size)
+        assert p.kv_blocks(round(e["gpuMemoryUtilization"] - 1e-6, 6)) < blocks
+        assert e["maxModelLen"] == min(p.max_model_len, blocks * p.block_size)
+    assert serving_name("service", 12800) == "service-kv12800"
+    with pytest.raises(ValueError, match="room"):
+        engine_for_kv(10**9)
+
+
+def test_the_report_names_each_capacity_and_window():
+    from flashserve_testbed.router.bench_serving_path import report
+
+    def window(seconds, rates):
+        return {"seconds": seconds, "rounds": [{"modes": {m: {"hit_rate": rates[m][0], "errors": {},
+                                                                "first_turn_share": 0.1} for m in rates}}],
+                "hit_rate": rates, "summary": summarize(rates)}
+
+    rates = {"routed": [0.86], "single": [0.88], "service": [0.55]}
+    out = {"config": {"sessions_per_replica": 8},
+           "capacities": [{"kv_tokens": None, "windows": [window(40, rates)]},
+                          {"kv_tokens": 12800, "windows": [window(40, rates)]}]}
+    text = "\n".join(report(out))
+    assert "## 40 s window, 1 rounds" in text and "## KV 12.8K/engine, 40 s window, 1 rounds" in text
+    assert "PASS [KV 12.8K/engine, 40 s] routed at least 25 points above service: +31.0" in text

@@ -23,8 +23,17 @@ the consistent-hash ring); the three modes of one round share both, so they are 
 `--seconds` takes several windows: sessions start together, and their contexts grow over minutes, so a short
 window is mostly early turns.
 
+`--kv-tokens` sizes each engine's (data-parallel rank's) KV cache, through the serving's own
+`spec.engine.gpuMemoryUtilization` (and a `maxModelLen` that fits): the demo profile keeps the real GB200's
+4.2 M tokens per rank for a load of a few thousand, so its engines never evict, and a request sent to an engine
+that served its session two turns ago still finds most of its prefix there. A production rank holds about 1.8x
+its running sequences' contexts (gb200-4gpu: 4.23 M tokens for 64 x ~36 K), so copies of one session on several
+engines evict each other. Each value is measured on servings of its own, after the previous ones are deleted;
+`default` is the profile's own cache.
+
     PYTHONPATH=operator:testbed .venv/bin/python -m flashserve_testbed.router.bench_serving_path \\
-        [--seconds 40 [120 ...]] [--sessions 8] [--rounds 3] [--json OUT.json] [--plot OUT.png]
+        [--seconds 40 [120 ...]] [--sessions 8] [--rounds 3] [--kv-tokens default 12800 ...] [--json OUT.json] \\
+        [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -67,6 +76,29 @@ def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float:
     """Hits over queries between two (hits, queries) readings; NaN when nothing was queried."""
     dq = after[1] - before[1]
     return (after[0] - before[0]) / dq if dq > 0 else float("nan")
+
+
+def engine_for_kv(kv_tokens: int | None, profile_name: str = "gb200-4gpu-demo") -> dict:
+    """The `spec.engine` settings that give each engine (data-parallel rank) of the profile the fewest whole KV
+    blocks holding `kv_tokens` tokens, by the memory arithmetic the engines run (`Profile.kv_blocks`), with a
+    `maxModelLen` no larger than that cache; {} for None (the profile's own cache)."""
+    if kv_tokens is None:
+        return {}
+    from flashserve_testbed.engine.profile import GIB, load
+
+    p = load(profile_name)
+    blocks = math.ceil(kv_tokens / p.block_size)
+    need = p.non_kv_memory_gib * GIB + blocks * p.block_size * p.kv_bytes_per_token
+    util = math.ceil(need / (p.gpu_memory_gib * GIB) * 1e6) / 1e6  # six digits, rounded up
+    while p.kv_blocks(util) < blocks:
+        util = round(util + 1e-6, 6)
+    if util > 1:
+        raise ValueError(f"--kv-tokens {kv_tokens}: more than a {p.gpu_product} has room for")
+    return {"gpuMemoryUtilization": util, "maxModelLen": min(p.max_model_len, p.kv_blocks(util) * p.block_size)}
+
+
+def serving_name(mode: str, kv_tokens: int | None) -> str:
+    return mode if kv_tokens is None else f"{mode}-kv{kv_tokens}"
 
 
 def first_turn_share(requests: list[dict]) -> float | None:
@@ -293,8 +325,8 @@ def _load(base_url: str, sessions: int, seconds: float, seed: int, prefix: str, 
     return json.loads(out.read_text())
 
 
-def measure(stack, name: str, sessions: int, seconds: float, seed: int, prefix: str, out: Path) -> dict:
-    spec = SERVINGS[name]
+def measure(stack, mode: str, name: str, sessions: int, seconds: float, seed: int, prefix: str, out: Path) -> dict:
+    spec = SERVINGS[mode]
     urls = engine_urls(stack, name)
     if len(urls) != spec["replicas"]:
         raise RuntimeError(f"{name}: {len(urls)} engine pods, expected {spec['replicas']}")
@@ -319,47 +351,76 @@ def measure(stack, name: str, sessions: int, seconds: float, seed: int, prefix: 
             "ceilings": ceilings(doc["requests"], replicas=3)}
 
 
+def _wait_ready(stack, names: dict[str, str], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(int((stack.serving(n).get("status") or {}).get("readyReplicas") or 0) >= SERVINGS[m]["replicas"]
+                  for m, n in names.items()):  # fmt: skip
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"servings {', '.join(names.values())} not ready after {timeout:.0f} s")
+        time.sleep(2)
+
+
+def _wait_gone(stack, names: list[str], timeout: float = 180) -> None:
+    """Until the deleted servings' engine pods are gone (their mock engines no longer take a core)."""
+    deadline = time.monotonic() + timeout
+    while any(engine_urls(stack, n) for n in names):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"engine pods of {', '.join(names)} still there after {timeout:.0f} s")
+        time.sleep(2)
+
+
+def run_capacity(stack, args: argparse.Namespace, kv_tokens: int | None, tmp: Path) -> dict:
+    """Every window and round of the three modes on servings whose engines hold `kv_tokens` (None: the profile's
+    own cache); the servings are deleted afterwards."""
+    engine = engine_for_kv(kv_tokens)
+    names = {mode: serving_name(mode, kv_tokens) for mode in SERVINGS}
+    for mode, spec in SERVINGS.items():
+        stack.apply({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+                     "metadata": {"name": names[mode]},
+                     "spec": {"placement": {"accelerator": "GB200"}, **spec,
+                              **({"engine": engine} if engine else {})}})  # fmt: skip
+    label = "the profile's KV cache" if kv_tokens is None else f"{kv_tokens} KV tokens per engine ({engine})"
+    _log(f"[bench] {label}: servings {', '.join(names.values())}")
+    _wait_ready(stack, names)
+    windows = []
+    run_no = 0
+    for seconds in args.seconds:
+        rounds = []
+        for r in range(args.rounds):
+            seed = args.seed + run_no
+            prefix = f"w{seconds:g}r{r + 1}{'' if kv_tokens is None else f'k{kv_tokens}'}-s"
+            run_no += 1
+            modes = {}
+            for mode, spec in SERVINGS.items():
+                sessions = args.sessions * spec["replicas"]
+                _log(f"[bench] {seconds:g} s window, round {r + 1}/{args.rounds} (seed {seed}, sessions "
+                     f"{prefix}N): {names[mode]}, {spec['replicas']} replicas, {sessions} sessions")  # fmt: skip
+                m = measure(stack, mode, names[mode], sessions, seconds, seed, prefix,
+                            tmp / f"{names[mode]}-{seconds:g}-{r}.json")
+                modes[mode] = m
+                _log(f"[bench]   {mode}: hit rate {m['hit_rate']:.1%} (client usage "
+                     f"{_pct(m['client_cached_fraction'])}), {m['ok']}/{m['requests']} streams ok via {m['via']}, errors {m['errors'] or 0}, "
+                     f"first turns {_pct(m['first_turn_share'], '.0%')} of prompt tokens")  # fmt: skip
+            rounds.append({"seed": seed, "session_prefix": prefix, "modes": modes})
+            rr, rs, rv = (modes[k]["hit_rate"] for k in SERVINGS)
+            _log(f"[bench] {seconds:g} s round {r + 1}/{args.rounds}: routed {rr:.1%}, single {rs:.1%}, "
+                 f"service {rv:.1%} (routed - single {100 * (rr - rs):+.1f}, routed - service "
+                 f"{100 * (rr - rv):+.1f} points)")  # fmt: skip
+        rates = {k: [rnd["modes"][k]["hit_rate"] for rnd in rounds] for k in SERVINGS}
+        windows.append({"seconds": seconds, "rounds": rounds, "hit_rate": rates, "summary": summarize(rates),
+                        "ceilings": ceiling_summary(rounds)})
+    stack.kubectl(["-n", stack.namespace, "delete", "dss", *names.values(), "--wait=true"])
+    _wait_gone(stack, list(names.values()))
+    return {"kv_tokens": kv_tokens, "engine": engine, "windows": windows}
+
+
 def run(args: argparse.Namespace) -> dict:
     from flashserve_testbed.demo import Stack
 
     stack = Stack(namespace="bench-serving-path", startup_seconds=3.0).start(log=_log)
-    windows = []
     try:
-        for name, spec in SERVINGS.items():
-            stack.apply({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": name},
-                         "spec": {"placement": {"accelerator": "GB200"}, **spec}})  # fmt: skip
-        deadline = time.monotonic() + 300
-        while not all(int((stack.serving(n).get("status") or {}).get("readyReplicas") or 0) >= s["replicas"]
-                      for n, s in SERVINGS.items()):  # fmt: skip
-            if time.monotonic() > deadline:
-                raise TimeoutError("servings not ready after 300 s")
-            time.sleep(2)
         tmp = Path(tempfile.mkdtemp(prefix="bench-serving-path-"))
-        run_no = 0
-        for seconds in args.seconds:
-            rounds = []
-            for r in range(args.rounds):
-                seed = args.seed + run_no
-                prefix = f"w{seconds:g}r{r + 1}-s"
-                run_no += 1
-                modes = {}
-                for name, spec in SERVINGS.items():
-                    sessions = args.sessions * spec["replicas"]
-                    _log(f"[bench] {seconds:g} s window, round {r + 1}/{args.rounds} (seed {seed}, sessions "
-                         f"{prefix}N): {name}, {spec['replicas']} replicas, {sessions} sessions")  # fmt: skip
-                    m = measure(stack, name, sessions, seconds, seed, prefix, tmp / f"{name}-{seconds:g}-{r}.json")
-                    modes[name] = m
-                    _log(f"[bench]   {name}: hit rate {m['hit_rate']:.1%} (client usage "
-                         f"{_pct(m['client_cached_fraction'])}), {m['ok']}/{m['requests']} streams ok via {m['via']}, errors {m['errors'] or 0}, "
-                         f"first turns {_pct(m['first_turn_share'], '.0%')} of prompt tokens")  # fmt: skip
-                rounds.append({"seed": seed, "session_prefix": prefix, "modes": modes})
-                rr, rs, rv = (modes[k]["hit_rate"] for k in SERVINGS)
-                _log(f"[bench] {seconds:g} s round {r + 1}/{args.rounds}: routed {rr:.1%}, single {rs:.1%}, "
-                     f"service {rv:.1%} (routed - single {100 * (rr - rs):+.1f}, routed - service "
-                     f"{100 * (rr - rv):+.1f} points)")  # fmt: skip
-            rates = {k: [rnd["modes"][k]["hit_rate"] for rnd in rounds] for k in SERVINGS}
-            windows.append({"seconds": seconds, "rounds": rounds, "hit_rate": rates, "summary": summarize(rates),
-                            "ceilings": ceiling_summary(rounds)})
+        capacities = [run_capacity(stack, args, kv, tmp) for kv in args.kv_tokens]
     finally:
         stack.stop(down=not args.keep_cluster, log=_log)
     return {"config": {"rounds": args.rounds, "seconds": list(args.seconds), "sessions_per_replica": args.sessions,
@@ -367,7 +428,14 @@ def run(args: argparse.Namespace) -> dict:
                        "servings": {k: {"replicas": v["replicas"], "routing": v.get("routing", {"enabled": True})}
                                     for k, v in SERVINGS.items()},
                        "targets": {"near_single_points": NEAR_POINTS, "above_service_points": ABOVE_POINTS}},
-            "windows": windows}  # fmt: skip
+            "capacities": capacities}  # fmt: skip
+
+
+def _groups(out: dict) -> list[tuple[str, dict]]:
+    """(label, window) for every window of every KV capacity, in the order run."""
+    caps = out.get("capacities") or [{"kv_tokens": None, "windows": out.get("windows", [])}]
+    return [(("" if c["kv_tokens"] is None else f"KV {c['kv_tokens'] / 1000:g}K/engine, ") + f"{w['seconds']:g} s", w)
+            for c in caps for w in c["windows"]]
 
 
 def plot(out: dict, path: Path) -> Path:
@@ -377,9 +445,10 @@ def plot(out: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     colors = {"routed": "tab:red", "single": "tab:gray", "service": "tab:blue"}
-    fig, ax = plt.subplots(figsize=(2.6 + 2.2 * len(out["windows"]), 3.8))
+    groups = _groups(out)
+    fig, ax = plt.subplots(figsize=(2.6 + 2.2 * len(groups), 3.8))
     width = 0.26
-    for wi, w in enumerate(out["windows"]):
+    for wi, (_, w) in enumerate(groups):
         for mi, name in enumerate(SERVINGS):
             x = wi + (mi - 1) * width
             ax.bar(x, 100 * w["summary"]["median"][name], width * 0.9, color=colors[name], alpha=0.75,
@@ -393,8 +462,7 @@ def plot(out: dict, path: Path) -> Path:
                 y = 100 * c["affinity" if name == "routed" else "random"]
                 ax.plot([x - width * 0.45, x + width * 0.45], [y, y], "k--", lw=1,
                         label="ceiling (routed: affinity, service: random)" if wi == 0 and name == "routed" else None)
-    ax.set_xticks(range(len(out["windows"])), [f"{w['seconds']:g} s, {len(w['rounds'])} rounds"
-                                               for w in out["windows"]])  # fmt: skip
+    ax.set_xticks(range(len(groups)), [f"{label}, {len(w['rounds'])} rounds" for label, w in groups], fontsize=7)
     ax.set_ylabel("prefix-cache hit rate, % (bars: median; dots: rounds)")
     ax.set_ylim(0, 115)
     ax.legend(loc="upper center", ncol=4, fontsize=7, frameon=False)
@@ -407,8 +475,8 @@ def plot(out: dict, path: Path) -> Path:
 
 def report(out: dict) -> list[str]:
     lines = []
-    for w in out["windows"]:
-        lines += [f"## {w['seconds']:g} s window, {len(w['rounds'])} rounds", "",
+    for label, w in _groups(out):
+        lines += [f"## {label} window, {len(w['rounds'])} rounds", "",
                   markdown(w, out["config"]["sessions_per_replica"]), ""]  # fmt: skip
         s = w["summary"]
         per_near = ", ".join(f"{v:+.1f}" for v in s["per_round_routed_minus_single_points"])
@@ -420,7 +488,7 @@ def report(out: dict) -> list[str]:
                          f"{c['routed']['affinity']:.1%}, random over 3 {c['routed']['random']:.1%} (gap "
                          f"{c['routed']['gap_points']:.1f} points); service runs: {c['service']['affinity']:.1%}, "
                          f"{c['service']['random']:.1%} (gap {c['service']['gap_points']:.1f} points)")
-        lines += [*target_lines(s, f"{w['seconds']:g} s"), ""]
+        lines += [*target_lines(s, label), ""]
     return lines
 
 
@@ -434,8 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--plot", help="write a PNG of the medians and the rounds here")
+    p.add_argument("--kv-tokens", nargs="+", default=["default"], metavar="N|default",
+                   help="KV cache per engine (data-parallel rank) in tokens; `default`: the profile's own. Several "
+                        "values measure each on servings of its own (default: default)")
     p.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up")
     args = p.parse_args(argv)
+    try:
+        args.kv_tokens = [None if v == "default" else int(v) for v in args.kv_tokens]
+        for kv in args.kv_tokens:
+            engine_for_kv(kv)
+    except ValueError as e:
+        p.error(f"--kv-tokens: {e} (a whole number of tokens, or default)")
     if args.rounds < 1 or any(s <= 0 for s in args.seconds) or args.sessions < 1:
         p.error("--rounds, --sessions and every --seconds must be positive")
     out = run(args)

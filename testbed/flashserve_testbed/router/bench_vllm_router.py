@@ -8,7 +8,8 @@ Suites (default: policies and overhead):
   * replicas: two router processes behind a random-per-request proxy (clients behind a Service without
     affinity: consecutive requests of a session reach either router), for consistent_hash, sticky_least_loaded
     and cache_aware, beside one router of each;
-  * overhead: the router's added TTFT (below), also from the engines' own TTFT histograms and the router's.
+  * overhead: the router's added TTFT (below), also from the engines' own TTFT histograms and the router's, and
+    on the wire (wiretime.py: tcpdump's timestamps of the router's two sides of each request).
 
 Each run starts fresh engines (cold caches) and drives `--sessions` sessions per engine for `--seconds`:
   * through the real vllm-router, once per policy (and cache_aware with and without the engines' render route),
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
@@ -37,6 +39,7 @@ from pathlib import Path
 from flashserve_testbed.loadgen import Workload, run_load
 from flashserve_testbed.localcluster.procs import end
 from flashserve_testbed.router import mockfleet as mf
+from flashserve_testbed.router import wiretime
 from flashserve_testbed.router.vllm_router import RouterOptions, VllmRouter, free_port
 
 ENGINE_FLAGS = ("--data-parallel-size", "4")  # one mock = one GB200 replica of the demo profile
@@ -262,10 +265,17 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
             out = {}
             for name, base in (("direct", eng.url + "/v1"), ("routed", router.base + "/v1")):
                 e0, r0 = eng.metrics(), router.metrics()
-                rep = asyncio.run(run_load(base, schedule=f"hold {args.sessions} {args.overhead_seconds:g}s",
-                                           workload=Workload.from_profile(args.profile), seed=seed,
-                                           drain_seconds=5))
+                # the routed half on the wire too (wiretime.py): the router's own share of each request's TTFT
+                capture = (wiretime.Capture(d / "routed.pcap", (opts.port, eng.port)) if name == "routed"
+                           and args.wire else contextlib.nullcontext())
+                with capture:
+                    rep = asyncio.run(run_load(base, schedule=f"hold {args.sessions} {args.overhead_seconds:g}s",
+                                               workload=Workload.from_profile(args.profile), seed=seed,
+                                               drain_seconds=5))
                 e1, r1 = eng.metrics(), router.metrics()
+                if isinstance(capture, wiretime.Capture):
+                    wt = wiretime.measure(capture.path, (opts.port,), (eng.port,))
+                    out["wire"] = {**wt.summary(), "dropped": capture.dropped}
                 ttfts = [t for r in rep.ok if (t := r.ttft()) is not None]
                 es0, ec0 = _hist(e0, "vllm:time_to_first_token_seconds")
                 es1, ec1 = _hist(e1, "vllm:time_to_first_token_seconds")
@@ -298,6 +308,11 @@ def overhead(args, work: Path, policy: str) -> dict:
            if r["routed"]["router_generate_mean"] is not None and r["routed"]["engine_ttft_mean"] is not None]
     renders = [r["render_probe_s"] for r in rounds if r["render_probe_s"] is not None]
     med = statistics.median
+    wire = [r["wire"] for r in rounds if r.get("wire") and r["wire"]["requests"]]
+
+    def wire_med(part: str, q: str) -> float | None:
+        xs = [w[part][q] for w in wire if w[part][q] is not None]
+        return med(xs) if xs else None
     return {"policy": policy, "rounds": args.overhead_rounds, "ttft_p50_added": med(d50),
             "ttft_p99_added": med(d99), "direct_ttft_p50": med([r["direct"]["p50"] for r in rounds]),
             "p50_added_per_round": d50, "p99_added_per_round": d99,
@@ -305,7 +320,14 @@ def overhead(args, work: Path, policy: str) -> dict:
             "router_generate_minus_engine_ttft": med(gen) if gen else None,
             "router_generate_mean": med([r["routed"]["router_generate_mean"] or 0.0 for r in rounds]),
             "engine_ttft_mean": med([r["routed"]["engine_ttft_mean"] or 0.0 for r in rounds]),
-            "render_probe_s": med(renders) if renders else None, "rounds_detail": rounds}
+            "render_probe_s": med(renders) if renders else None,
+            "wire": {f"{part}_{q}": wire_med(part, q) for part in ("added", "own", "render", "inbound", "outbound")
+                     for q in ("p50", "p99")} | {
+                "rounds": len(wire), "requests": sum(w["requests"] for w in wire),
+                "unpaired": sum(w["unpaired"] for w in wire), "dropped": sum(w["dropped"] or 0 for w in wire),
+                "added_p50_per_round": [w["added"]["p50"] for w in wire],
+                "added_p99_per_round": [w["added"]["p99"] for w in wire]} if wire else None,
+            "rounds_detail": rounds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-rounds", type=int, default=5)
     p.add_argument("--overhead-seconds", type=float, default=5.0)
     p.add_argument("--overhead-policies", default="cache_aware,consistent_hash")
+    p.add_argument("--no-wire", dest="wire", action="store_false",
+                   help="overhead: skip the packet capture (wiretime.py; needs tcpdump and root)")
     p.add_argument("--suite", nargs="+", choices=SUITES, default=["policies", "overhead"],
                    help="what to run (default: policies overhead)")
     p.add_argument("--only", help="comma-separated run names to keep (default: all)")
@@ -379,6 +403,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{1e3 * o['engine_ttft_mean']:.1f} ms"
                   + (f"; one render on an idle engine {1e3 * o['render_probe_s']:.1f} ms"
                      if o["render_probe_s"] is not None else ""), flush=True)
+            if w := o["wire"]:
+                print(f"  on the wire ({w['requests']} requests, {w['unpaired']} unpaired, {w['dropped']} packets "
+                      f"dropped; medians of {w['rounds']} rounds): added to TTFT p50 {1e3 * w['added_p50']:.3f} ms, "
+                      f"p99 {1e3 * w['added_p99']:.3f} ms; the router's own p50 {1e3 * w['own_p50']:.3f} ms, p99 "
+                      f"{1e3 * w['own_p99']:.3f} ms; waiting on renders p50 {1e3 * w['render_p50']:.3f} ms, p99 "
+                      f"{1e3 * w['render_p99']:.3f} ms (per round p50 "
+                      f"{', '.join(f'{1e3 * x:.3f}' for x in w['added_p50_per_round'])}; p99 "
+                      f"{', '.join(f'{1e3 * x:.3f}' for x in w['added_p99_per_round'])})", flush=True)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
