@@ -139,3 +139,14 @@ def test_the_report_names_each_capacity_and_window():
     text = "\n".join(report(out))
     assert "## 40 s window, 1 rounds" in text and "## KV 12.8K/engine, 40 s window, 1 rounds" in text
     assert "PASS [KV 12.8K/engine, 40 s] routed at least 25 points above service: +31.0" in text
+
+
+def test_resident_tokens_is_littles_law_over_the_runs_span_and_engines():
+    from flashserve_testbed.router.bench_serving_path import resident_tokens
+
+    reqs = [{"start": 0.0, "end": 10.0, "prompt_tokens": 900, "completion_tokens": 100},   # 1000 held 10 s
+            {"start": 5.0, "end": 10.0, "prompt_tokens": 3000, "completion_tokens": 1000},  # 4000 held 5 s
+            {"start": 0.0, "end": 9.0, "prompt_tokens": 10**6, "error": "HTTP 400"}]       # refused: holds nothing
+    # (1000 * 10 + 4000 * 5) / 10 s = 3000 tokens resident, over 2 engines
+    assert resident_tokens(reqs, engines=2) == pytest.approx(1500)
+    assert resident_tokens(reqs[2:], engines=2) is None

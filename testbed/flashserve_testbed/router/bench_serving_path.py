@@ -57,6 +57,7 @@ SERVINGS = {
     "service": {"replicas": 3, "routing": {"enabled": False}},
 }
 ENGINES = "flashserve.io/serving={name},app.kubernetes.io/component=engine"
+PROFILE = "gb200-4gpu-demo"  # the mock runtime's profile (demo.Stack's default)
 NEAR_POINTS = 5.0  # routed at most this far from single
 ABOVE_POINTS = 25.0  # routed at least this far above service
 
@@ -78,7 +79,7 @@ def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float:
     return (after[0] - before[0]) / dq if dq > 0 else float("nan")
 
 
-def engine_for_kv(kv_tokens: int | None, profile_name: str = "gb200-4gpu-demo") -> dict:
+def engine_for_kv(kv_tokens: int | None, profile_name: str = PROFILE) -> dict:
     """The `spec.engine` settings that give each engine (data-parallel rank) of the profile the fewest whole KV
     blocks holding `kv_tokens` tokens, by the memory arithmetic the engines run (`Profile.kv_blocks`), with a
     `maxModelLen` no larger than that cache; {} for None (the profile's own cache)."""
@@ -107,6 +108,19 @@ def first_turn_share(requests: list[dict]) -> float | None:
     total = sum(r.get("prompt_tokens") or 0 for r in ok)
     first = sum(r.get("prompt_tokens") or 0 for r in ok if r.get("turn") == 0)
     return first / total if total else None
+
+
+def resident_tokens(requests: list[dict], engines: int) -> float | None:
+    """Mean tokens of context resident per engine (data-parallel rank) while the run's requests ran, by Little's
+    law: each ok request holds its prompt and output for its lifetime, over the run's span and `engines`. What a
+    cache must hold to keep only the running sequences; None without ok requests."""
+    ok = [r for r in requests if not r.get("error") and r.get("end") is not None and r.get("start") is not None]
+    if not ok:
+        return None
+    span = max(r["end"] for r in ok) - min(r["start"] for r in ok)
+    held = sum(((r.get("prompt_tokens") or 0) + (r.get("completion_tokens") or 0)) * (r["end"] - r["start"])
+               for r in ok)
+    return held / span / engines if span > 0 else None
 
 
 def ceilings(requests: list[dict], replicas: int = 3, block: int = 64, draws: int = 64, seed: int = 0) -> dict:
@@ -317,12 +331,19 @@ def _proxy(urls: list[str], log: Path):
 
 def _load(base_url: str, sessions: int, seconds: float, seed: int, prefix: str, out: Path) -> dict:
     cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", base_url, "--schedule",
-           f"hold {sessions} {seconds:g}s", "--profile", "gb200-4gpu-demo", "--seed", str(seed),
+           f"hold {sessions} {seconds:g}s", "--profile", PROFILE, "--seed", str(seed),
            "--session-prefix", prefix, "--json", str(out), "--json-requests", "-q"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 4 + 120)
     if proc.returncode != 0:
         raise RuntimeError(f"load failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return json.loads(out.read_text())
+
+
+def _ranks() -> int:
+    """Engines (data-parallel ranks, each with its own KV cache) per replica of the profile the servings run."""
+    from flashserve_testbed.engine.profile import load
+
+    return load(PROFILE).engines_per_replica
 
 
 def measure(stack, mode: str, name: str, sessions: int, seconds: float, seed: int, prefix: str, out: Path) -> dict:
@@ -348,7 +369,8 @@ def measure(stack, mode: str, name: str, sessions: int, seconds: float, seed: in
             "hit_tokens": after[0] - before[0], "via": f"{len(targets)} {via}", "requests": s["requests"],
             "ok": s["ok"], "errors": s["errors"], "sessions_started": s["sessions"],
             "client_cached_fraction": s["cached_fraction"], "first_turn_share": first_turn_share(doc["requests"]),
-            "ceilings": ceilings(doc["requests"], replicas=3)}
+            "ceilings": ceilings(doc["requests"], replicas=3),
+            "resident_tokens_per_engine": resident_tokens(doc["requests"], len(urls) * _ranks())}
 
 
 def _wait_ready(stack, names: dict[str, str], timeout: float = 300) -> None:
@@ -424,7 +446,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         stack.stop(down=not args.keep_cluster, log=_log)
     return {"config": {"rounds": args.rounds, "seconds": list(args.seconds), "sessions_per_replica": args.sessions,
-                       "seed": args.seed, "profile": "gb200-4gpu-demo",
+                       "seed": args.seed, "profile": PROFILE,
                        "servings": {k: {"replicas": v["replicas"], "routing": v.get("routing", {"enabled": True})}
                                     for k, v in SERVINGS.items()},
                        "targets": {"near_single_points": NEAR_POINTS, "above_service_points": ABOVE_POINTS}},
