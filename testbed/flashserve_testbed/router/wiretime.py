@@ -407,7 +407,7 @@ def router_times(exs: list[Exchange], router_ports: Iterable[int], engine_ports:
         if key is None:
             continue
         if e.request.path.split("?")[0].endswith(RENDER_SUFFIX):
-            # the router sends no session header with a render: key it by the conversation alone
+            # a render need not carry the session header: key it by the conversation alone
             renders.setdefault(key[1], []).append(e)
         elif generate(e):
             back.setdefault(key, []).append(e)
