@@ -39,6 +39,7 @@ engines evict each other. Each value is measured on servings of its own, after t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -339,6 +340,7 @@ def _load(base_url: str, sessions: int, seconds: float, seed: int, prefix: str, 
     return json.loads(out.read_text())
 
 
+@functools.cache
 def _ranks() -> int:
     """Engines (data-parallel ranks, each with its own KV cache) per replica of the profile the servings run."""
     from flashserve_testbed.engine.profile import load

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import ipaddress
 import json
 import re
 import shutil
@@ -162,14 +163,10 @@ def read_streams(pcap: Path) -> dict[Flow, Stream]:
     segments: dict[Flow, list[tuple[float, int, bytes, bool]]] = {}
     with open(pcap, "rb") as f:
         reader = dpkt.pcap.Reader(f)
-        link = reader.datalink()
+        frame = {dpkt.pcap.DLT_LINUX_SLL: dpkt.sll.SLL,
+                 dpkt.pcap.DLT_NULL: dpkt.loopback.Loopback}.get(reader.datalink(), dpkt.ethernet.Ethernet)
         for ts, buf in reader:
-            if link == dpkt.pcap.DLT_LINUX_SLL:
-                ip = dpkt.sll.SLL(buf).data
-            elif link == dpkt.pcap.DLT_NULL:
-                ip = dpkt.loopback.Loopback(buf).data
-            else:
-                ip = dpkt.ethernet.Ethernet(buf).data
+            ip = frame(buf).data
             if not isinstance(ip, (dpkt.ip.IP, dpkt.ip6.IP6)) or not isinstance(ip.data, dpkt.tcp.TCP):
                 continue
             tcp = ip.data
@@ -181,8 +178,6 @@ def read_streams(pcap: Path) -> dict[Flow, Stream]:
 
 
 def _addr(raw: bytes) -> str:
-    import ipaddress
-
     return str(ipaddress.ip_address(raw))
 
 
