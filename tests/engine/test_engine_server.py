@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -261,3 +262,32 @@ def test_client_going_away_aborts_the_request(mock_server):
     assert aborted == 1
     assert list(series(text, "vllm:num_requests_running").values()) == [0.0]
     assert 0 < list(series(text, "vllm:generation_tokens_total").values())[0] < 5000
+
+
+def test_data_parallel_rank_header_pins_the_local_engine(mock_server):
+    """vllm-router's DP-aware routing sends `X-data-parallel-rank`; vLLM 0.33 under --data-parallel-hybrid-lb
+    reads it as an index into the pod's local engines, refuses one out of range, ignores a non-integer."""
+    srv = mock_server([MODEL, "-dp", "8", "-dpl", "4", "--data-parallel-start-rank", "4",
+                       "--data-parallel-address", "leader.example", "-ep", "--data-parallel-hybrid-lb"], **FAST)
+    srv.wait_ready()
+
+    def post(rank: str | None) -> tuple[int, dict]:
+        headers = {"content-type": "application/json"} | ({"X-data-parallel-rank": rank} if rank else {})
+        body = json.dumps({"model": MODEL, "prompt": "hello there", "max_tokens": 2}).encode()
+        req = urllib.request.Request(srv.base + "/v1/completions", data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    for _ in range(3):
+        assert post("2")[0] == 200
+    _, text = srv.get("/metrics")
+    done = series(text, "vllm:request_success_total")
+    per_engine = {k: v for k, v in done.items() if 'finished_reason="length"' in k}
+    assert {k.split('engine="')[1].split('"')[0]: v for k, v in per_engine.items() if v} == {"6": 3.0}
+
+    status, err = post("4")
+    assert status == 400 and "data_parallel_rank 4 is out of range [0, 4)." in err["error"]["message"]
+    assert post("two")[0] == 200  # ignored, as vLLM ignores it: the balancer chooses

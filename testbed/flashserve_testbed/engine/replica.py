@@ -285,16 +285,23 @@ class MockReplica:
             return limit, max_tokens, "length"
         return max(1, natural), max_tokens, "stop"
 
-    def choose_engine(self, keys: list[int]) -> Engine:
+    def choose_engine(self, keys: list[int], rank: int | None = None) -> Engine:
+        """The engine that takes a request: the one `rank` names (vLLM's `X-data-parallel-rank` header, which
+        vllm-router sends with --intra-node-data-parallel-size; an index into this pod's local engines, as
+        under --data-parallel-hybrid-lb), else the balancer's choice (dprank.py)."""
         engines = [e for _, e in self.engines]
+        if rank is not None:
+            if not 0 <= rank < len(engines):
+                raise RequestError(400, f"data_parallel_rank {rank} is out of range [0, {len(engines)}).")
+            return engines[rank]
         start = self._rr
         self._rr = (self._rr + 1) % len(engines)
         i = dprank.choose(engines, keys, start, self._dp_slack, prefix=self.settings.dp_routing == "prefix")
         return engines[i]
 
     def submit(self, prompt_tokens: int, out_len: int, hashes: list[int], prompt_units: int,
-               max_tokens: int | None, reason: str) -> Request:
-        eng = self.choose_engine(hashes[:prompt_units])
+               max_tokens: int | None, reason: str, rank: int | None = None) -> Request:
+        eng = self.choose_engine(hashes[:prompt_units], rank)
         req = eng.add_request(
             uuid.uuid4().hex, prompt_tokens, out_len, self.vnow(), block_hashes=hashes,
             hashes_cover_output=True, hashes_chained=True, max_tokens=max_tokens, finish_reason=reason,

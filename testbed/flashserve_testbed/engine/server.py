@@ -26,6 +26,16 @@ VLLM_VERSION = "0.33.0"
 
 
 # ---------------------------------------------------------------------- HTTP layer
+def _data_parallel_rank(request: web.Request) -> int | None:
+    """The rank a router pinned the request to (`X-data-parallel-rank`), read as vLLM 0.33 reads it: a value
+    that is not an integer is ignored, not refused."""
+    value = request.headers.get("X-data-parallel-rank")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
 def _error(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.json_response(body, status=status)
@@ -186,7 +196,8 @@ class API:
             hashes = tok.text_block_hashes(text + tok.output_text(offset, 0, out_len), bs)
         else:
             hashes = tok.id_block_hashes(list(ids) + tok.output_token_ids(offset, out_len), bs)
-        req = m.submit(prompt_tokens, out_len, hashes, prompt_tokens // bs, max_tokens, reason)
+        req = m.submit(prompt_tokens, out_len, hashes, prompt_tokens // bs, max_tokens, reason,
+                       rank=_data_parallel_rank(request))
         rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
         created = int(time.time())
         stream = bool(body.get("stream"))
