@@ -49,6 +49,7 @@ def test_default_router_command_line_is_the_contract():
         "--selector", "flashserve.io/serving=flash", "app.kubernetes.io/component=engine", "flashserve.io/routing=serve",
         "--service-discovery-namespace", NS, "--service-discovery-port", "8000",
         "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000",
+        "--intra-node-data-parallel-size", "4",
     ]  # fmt: skip
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"},
                           {"name": "metrics", "containerPort": 29000, "protocol": "TCP"}]  # fmt: skip
@@ -67,6 +68,7 @@ def test_vllm_router_reads_the_rendered_command_line_as_meant(policy):
     assert args.selector == {"flashserve.io/serving": "flash", "app.kubernetes.io/component": "engine",
                              ROUTING_LABEL: ROUTING_SERVE}  # fmt: skip
     assert (args.prometheus_host, args.prometheus_port) == ("0.0.0.0", 29100)
+    assert args.intra_node_data_parallel_size == 4  # the pod's local ranks: one GB200 node, TP 1
     knobs = (args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold, args.eviction_interval_secs,
              args.max_tree_size)  # fmt: skip
     if policy == "cache_aware":
@@ -235,3 +237,16 @@ def test_the_router_lands_where_the_scheduler_puts_it_unless_the_spec_pins_it():
     assert "node-pool" not in engines.get("nodeSelector", {}) and pod["tolerations"] != engines["tolerations"]
     assert template_hash(parse_serving(cr(spec)).spec) == template_hash(parse_serving(cr({})).spec), (
         "pinning the router restarts no engine")
+
+
+@pytest.mark.parametrize(("spec", "ranks"), [
+    ({}, 4),                                                                  # GB200 node, TP 1: 4 ranks a pod
+    ({"parallelism": {"tensorParallelSize": 2}}, 2),                          # TP 2: 2 ranks a pod
+    ({"parallelism": {"tensorParallelSize": 4}}, None),                       # one rank a pod: nothing to pick
+    ({"routing": {"dataParallelAware": False}}, None),                        # off: vLLM picks the rank
+    ({"parallelism": {"nodesPerReplica": 2}}, 4),                             # hybrid LB: ranks local to the pod
+])  # fmt: skip
+def test_the_router_picks_a_rank_of_the_pod_unless_there_is_one_or_it_is_off(spec, ranks):
+    args = _container(_render(spec))["args"]
+    flag = router_facts.DP_AWARE_FLAG
+    assert (args[args.index(flag) + 1] if flag in args else None) == (None if ranks is None else str(ranks))

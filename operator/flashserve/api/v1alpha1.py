@@ -525,6 +525,12 @@ class RoutingSpec(_Model):
     sticky_least_loaded keeps sessions per replica; power_of_two, round_robin and random ignore sessions."""
     cache_aware: CacheAwareSpec = Field(default_factory=CacheAwareSpec)
     """Knobs of the cache_aware policy."""
+    data_parallel_aware: bool = True
+    """Route each request to one data-parallel rank of an engine pod, not to the pod (the router's
+    --intra-node-data-parallel-size, set to the pod's ranks; the rank travels in the X-data-parallel-rank
+    header). vLLM's own balancer between a pod's ranks weighs load only, so without this a session's turns
+    spread over the pod's ranks and find their prefix cache on one of them at best. No effect on pods with one
+    rank. False: the router picks a pod and vLLM picks the rank."""
     replicas: int = Field(2, ge=1, le=64)
     """Router pods. Two or more get a PodDisruptionBudget keeping all but one, so a node drain never takes the
     endpoint down."""

@@ -43,5 +43,13 @@ DEFAULT_METRICS_PORT = 29000
 LIVENESS_PATH = "/liveness"
 READINESS_PATH = "/readiness"
 
+# DP-aware routing: the router lists each engine URL once per rank (`URL@rank`), places those on its ring (or
+# tree), and sends the rank in `X-data-parallel-rank`, which vLLM 0.33 honours as an index into the pod's local
+# engines (out of range: 400). Its help says `--api-key` is required with it; 0.1.17 starts and routes without
+# one and forwards the client's own Authorization header either way (checked against an engine that logs what
+# it receives), so none is passed and an engine's VLLM_API_KEY stays the clients' business.
+DP_AWARE_FLAG = "--intra-node-data-parallel-size"
+DP_RANK_HEADER = "X-data-parallel-rank"
+
 # The session key consistent_hash and sticky_least_loaded read first (docs/vllm-router.md).
 SESSION_HEADER = "X-Session-ID"

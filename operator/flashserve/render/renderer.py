@@ -346,6 +346,11 @@ def _router_args(obj: DeepSeekServing, namespace: str) -> list[str]:
             "--selector", *(f"{k}={v}" for k, v in serve_selector(obj.metadata["name"]).items()),
             "--service-discovery-namespace", namespace, "--service-discovery-port", str(spec.engine.port),
             "--prometheus-host", "0.0.0.0", "--prometheus-port", str(routing.metrics_port)]  # fmt: skip
+    ranks = layout(spec).dp_local
+    if routing.data_parallel_aware and ranks > 1:
+        # one worker per local rank, `http://pod:port@rank`: a rank index is what vLLM reads from the
+        # X-data-parallel-rank header, local to the pod under --data-parallel-hybrid-lb
+        args += [router_facts.DP_AWARE_FLAG, str(ranks)]
     if routing.policy == "cache_aware":
         ca = routing.cache_aware
         args += ["--cache-threshold", f"{ca.cache_threshold:g}", "--balance-abs-threshold", str(ca.balance_abs_threshold),
