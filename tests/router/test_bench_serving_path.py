@@ -11,6 +11,7 @@ from flashserve_testbed.router.bench_serving_path import (
     first_turn_share,
     hit_rate,
     markdown,
+    rank_balancer_env,
     summarize,
     target_lines,
 )
@@ -150,3 +151,16 @@ def test_resident_tokens_is_littles_law_over_the_runs_span_and_engines():
     # (1000 * 10 + 4000 * 5) / 10 s = 3000 tokens resident, over 2 engines
     assert resident_tokens(reqs, engines=2) == pytest.approx(1500)
     assert resident_tokens(reqs[2:], engines=2) is None
+
+
+def test_the_rank_balancer_reaches_the_mock_engines_through_the_servings_env_field():
+    from flashserve.api.validation import parse_serving
+
+    from tests.builders import cr
+
+    assert rank_balancer_env(None) == {}
+    engine = rank_balancer_env("load")
+    assert engine == {"env": [{"name": "FLASHSERVE_MOCK_DP_ROUTING", "value": "load"}]}
+    # the operator admits it as a plain env entry of the engine container
+    spec = parse_serving(cr({"engine": engine})).spec
+    assert [(e.name, e.value) for e in spec.engine.env] == [("FLASHSERVE_MOCK_DP_ROUTING", "load")]

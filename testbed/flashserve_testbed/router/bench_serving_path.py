@@ -99,6 +99,16 @@ def engine_for_kv(kv_tokens: int | None, profile_name: str = PROFILE) -> dict:
     return {"gpuMemoryUtilization": util, "maxModelLen": min(p.max_model_len, p.kv_blocks(util) * p.block_size)}
 
 
+def rank_balancer_env(balancer: str | None) -> dict:
+    """`spec.engine` settings choosing the mock engines' balancer between a pod's data-parallel ranks: `load`,
+    vLLM 0.33's own (by load only), or `prefix`, the mock's default (it also prefers a rank holding the prompt's
+    prefix, which no vLLM does); {} for None (the mock's default). Through the serving's own env field: a real
+    vLLM ignores the variable."""
+    if balancer is None:
+        return {}
+    return {"env": [{"name": "FLASHSERVE_MOCK_DP_ROUTING", "value": balancer}]}
+
+
 def serving_name(mode: str, kv_tokens: int | None) -> str:
     return mode if kv_tokens is None else f"{mode}-kv{kv_tokens}"
 
@@ -396,7 +406,7 @@ def _wait_gone(stack, names: list[str], timeout: float = 180) -> None:
 def run_capacity(stack, args: argparse.Namespace, kv_tokens: int | None, tmp: Path) -> dict:
     """Every window and round of the three modes on servings whose engines hold `kv_tokens` (None: the profile's
     own cache); the servings are deleted afterwards."""
-    engine = engine_for_kv(kv_tokens)
+    engine = {**engine_for_kv(kv_tokens), **rank_balancer_env(args.rank_balancer)}
     names = {mode: serving_name(mode, kv_tokens) for mode in SERVINGS}
     for mode, spec in SERVINGS.items():
         stack.apply({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
@@ -435,7 +445,8 @@ def run_capacity(stack, args: argparse.Namespace, kv_tokens: int | None, tmp: Pa
                         "ceilings": ceiling_summary(rounds)})
     stack.kubectl(["-n", stack.namespace, "delete", "dss", *names.values(), "--wait=true"])
     _wait_gone(stack, list(names.values()))
-    return {"kv_tokens": kv_tokens, "engine": engine, "windows": windows}
+    return {"kv_tokens": kv_tokens, "engine": engine, "rank_balancer": args.rank_balancer or "prefix",
+            "windows": windows}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -458,8 +469,11 @@ def run(args: argparse.Namespace) -> dict:
 def _groups(out: dict) -> list[tuple[str, dict]]:
     """(label, window) for every window of every KV capacity, in the order run."""
     caps = out.get("capacities") or [{"kv_tokens": None, "windows": out.get("windows", [])}]
-    return [(("" if c["kv_tokens"] is None else f"KV {c['kv_tokens'] / 1000:g}K/engine, ") + f"{w['seconds']:g} s", w)
-            for c in caps for w in c["windows"]]
+    def label(c: dict, w: dict) -> str:
+        kv = "" if c["kv_tokens"] is None else f"KV {c['kv_tokens'] / 1000:g}K/engine, "
+        ranks = "vLLM's rank balancer, " if c.get("rank_balancer") == "load" else ""
+        return f"{kv}{ranks}{w['seconds']:g} s"
+    return [(label(c, w), w) for c in caps for w in c["windows"]]
 
 
 def plot(out: dict, path: Path) -> Path:
@@ -529,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-tokens", nargs="+", default=["default"], metavar="N|default",
                    help="KV cache per engine (data-parallel rank) in tokens; `default`: the profile's own. Several "
                         "values measure each on servings of its own (default: default)")
+    p.add_argument("--rank-balancer", choices=("load", "prefix"), default=None,
+                   help="the mock engines' choice of data-parallel rank inside a pod: load (vLLM 0.33's own) or "
+                        "prefix (the mock's default, which also prefers the rank holding the prefix)")
     p.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up")
     args = p.parse_args(argv)
     try:

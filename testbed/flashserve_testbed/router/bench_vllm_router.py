@@ -56,6 +56,8 @@ class Run:
     engines: int | None = None  # default: --engines
     routers: int = 1  # more than one: a random-per-request proxy in front of them (a Service without affinity)
     replay: bool = False  # also run the simulator's router model on the run's requests (calibrate)
+    dp_routing: str | None = None  # the mock's balancer between its ranks (None: its default, `prefix`)
+    repeat: bool = False  # run at --rounds seeds, medians printed (as calibrate)
 
 
 def runs(args) -> list[Run]:
@@ -71,7 +73,23 @@ def runs(args) -> list[Run]:
     return out
 
 
-SUITES = ("policies", "calibrate", "replicas", "overhead")
+SUITES = ("policies", "calibrate", "replicas", "dp", "overhead")
+DP_AWARE = ("--intra-node-data-parallel-size", ENGINE_FLAGS[1])  # one ring entry per rank of each engine pod
+
+
+def dp_runs() -> list[Run]:
+    """Routing to a pod or to one of its ranks, with vLLM 0.33's own balancer between a pod's ranks (by load
+    only: a session's turns spread over the ranks) and with the mock's (which also prefers the rank holding
+    the prefix, as no vLLM does): what pinning each session to a rank buys on a real engine."""
+    return [Run("consistent_hash / vLLM rank balancer", "router", "consistent_hash", dp_routing="load", repeat=True),
+            Run("consistent_hash per rank (DP-aware) / vLLM rank balancer", "router", "consistent_hash",
+                router_args=DP_AWARE, dp_routing="load", repeat=True),
+            Run("consistent_hash / mock prefix rank balancer", "router", "consistent_hash",
+                dp_routing="prefix", repeat=True),
+            Run("service / vLLM rank balancer", "service", dp_routing="load", repeat=True),
+            Run("one engine / vLLM rank balancer", "direct", engines=1, dp_routing="load", repeat=True),
+            Run("one engine per rank (DP-aware) / vLLM rank balancer", "router", "consistent_hash", engines=1,
+                router_args=DP_AWARE, dp_routing="load", repeat=True)]
 
 
 def suite_runs(suite: str, args) -> list[Run]:
@@ -79,6 +97,8 @@ def suite_runs(suite: str, args) -> list[Run]:
         return runs(args)
     if suite == "calibrate":
         return [Run("calibrate: consistent_hash", "router", "consistent_hash", replay=True)]
+    if suite == "dp":
+        return dp_runs()
     if suite == "replicas":
         out = []
         for policy in ("consistent_hash", "sticky_least_loaded", "cache_aware"):
@@ -132,7 +152,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
     sessions = args.sessions * n
     d = work / run.name.replace(" ", "_").replace("/", "-").replace(",", "").replace(":", "")
     flags = ENGINE_FLAGS + (SCALE_OUT if run.render else ())
-    engines = mf.start_engines(n, d, profile=args.profile, flags=flags, seed=seed)
+    engines = mf.start_engines(n, d, profile=args.profile, flags=flags, seed=seed, dp_routing=run.dp_routing)
     routers: list[VllmRouter] = []
     service = None
     try:
@@ -165,6 +185,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
     hits = sum(mf.counter(t, "vllm:prefix_cache_hits_total") for t in texts)
     queries = sum(mf.counter(t, "vllm:prefix_cache_queries_total") for t in texts)
     per_engine = [mf.counter(t, "vllm:request_success_total") for t in texts]
+    per_rank = [v for t in texts for v in _per_rank(t, "vllm:request_success_total")]
     s = report.summary()
     inputs = _summed(router_metrics, "vllm_router_kv_routing_inputs_total")
     renders = sum(inputs.values())
@@ -173,6 +194,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
         "run": run.name, "engines": n, "routers": run.routers if run.route == "router" else 0,
         "sessions": sessions, "requests": s["requests"], "ok": s["ok"],
         "errors": s["errors"], "hit_rate": hits / queries if queries else None, "requests_per_engine": per_engine,
+        "requests_per_rank": per_rank,
         "ttft_p50": s["ttft_seconds"]["p50"], "ttft_p99": s["ttft_seconds"]["p99"],
         "router_token_inputs": inputs,
         "prefix_decisions": decisions, "router_token_input_calls": renders,
@@ -196,6 +218,22 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
         # the requests themselves, so the replay can be rerun offline (replay_json) against the same run
         out["records"] = [asdict(rec) for rec in report.records]
     return out
+
+
+def rank_peak(per_rank: list[float]) -> float | None:
+    """The busiest rank's requests over the mean rank's: what pinning sessions to ranks costs in balance."""
+    if not per_rank or not sum(per_rank):
+        return None
+    return max(per_rank) / (sum(per_rank) / len(per_rank))
+
+
+def rank_medians(runs: list[dict]) -> dict:
+    """Medians over a repeated run's rounds of its hit rate and its busiest rank's share."""
+    med = statistics.median
+    hits = [r["hit_rate"] for r in runs if r["hit_rate"] is not None]
+    peaks = [p for r in runs if (p := rank_peak(r["requests_per_rank"])) is not None]
+    return {"rounds": len(runs), "hit_rate": med(hits) if hits else None, "rank_peak": med(peaks) if peaks else None,
+            "per_round": [(r["seed"], r["hit_rate"], rank_peak(r["requests_per_rank"])) for r in runs]}
 
 
 def spread_diff(real: list[float], sim: list[float]) -> float:
@@ -224,6 +262,15 @@ def _summed(texts: list[str], name: str) -> dict[str, float]:
         for k, v in mf.samples(text, name).items():
             out[k] = out.get(k, 0.0) + v
     return out
+
+
+def _per_rank(text: str, name: str) -> list[float]:
+    """One engine pod's counter per data-parallel rank (its `engine` label), in rank order."""
+    ranks: dict[int, float] = {}
+    for labels, v in mf.samples(text, name).items():
+        rank = int(labels.split('engine="', 1)[1].split('"', 1)[0]) if 'engine="' in labels else 0
+        ranks[rank] = ranks.get(rank, 0.0) + v
+    return [ranks[r] for r in sorted(ranks)]
 
 
 def _hist(text: str, name: str) -> tuple[float, float]:
@@ -363,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'run':38} {'hit rate':>8} {'requests/engine %':>18} {'TTFT p50':>9} {'p99':>7}  ok/err  "
               "router token inputs", flush=True)
         # calibrate repeats over --rounds seeds (its medians below); the other suites run once, at --seed
-        todo = [(run, args.seed + i) for run in todo for i in range(args.rounds if run.replay else 1)]
+        todo = [(run, args.seed + i) for run in todo for i in range(args.rounds if run.replay or run.repeat else 1)]
         for run, seed in todo:
             r = one_run(run, args, work, seed)
             r["seed"] = seed
@@ -381,6 +428,15 @@ def main(argv: list[str] | None = None) -> int:
                 fh = sim["hit_rate_block_units"]
                 print(f"{'  the same, cache in KV blocks':38} {'-' if fh is None else f'{100 * fh:.1f}%':>8} "
                       f"{'':>18}  (hit rate {100 * ((fh or 0) - (r['hit_rate'] or 0)):+.1f} points)", flush=True)
+        repeated = [run.name for run, _ in todo if run.repeat]
+        if repeated:
+            print("medians over rounds: hit rate, busiest rank's share of the requests over the mean rank's")
+            for name in dict.fromkeys(repeated):
+                rs = [r for r in results["runs"] if r["run"] == name]
+                med = rank_medians(rs)
+                results.setdefault("medians", {})[name] = med
+                print(f"  {name}: {100 * med['hit_rate']:.1f}%, {med['rank_peak']:.2f}x "
+                      f"({med['rounds']} rounds)", flush=True)
         cal = [r for r in results["runs"] if "sim" in r]
         if len(cal) > 1:
             results["calibrate_medians"] = med = calibrate_medians(cal)

@@ -38,19 +38,24 @@ class MockEngine:
         end(self.proc)
 
 
-def _env(profile: str | None, seed: int, time_scale: float) -> dict[str, str]:
+def _env(profile: str | None, seed: int, time_scale: float, dp_routing: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHSERVE_MOCK_")}
     env.update(FLASHSERVE_MOCK_STARTUP_SECONDS="0", FLASHSERVE_MOCK_SEED=str(seed),
                FLASHSERVE_MOCK_TIME_SCALE=f"{time_scale:g}")
     if profile:
         env["FLASHSERVE_MOCK_PROFILE"] = profile
+    if dp_routing:
+        env["FLASHSERVE_MOCK_DP_ROUTING"] = dp_routing
     return env
 
 
 def start_engines(count: int, log_dir: Path, *, profile: str | None = None, flags: tuple[str, ...] = (),
-                  seed: int = 1, time_scale: float = 1.0, timeout: float = 60.0) -> list[MockEngine]:
+                  seed: int = 1, time_scale: float = 1.0, timeout: float = 60.0,
+                  dp_routing: str | None = None) -> list[MockEngine]:
     """`count` mock engines, each on its own ephemeral port, ready (start-up delay 0). `flags` are `vllm serve`
-    flags, e.g. ("--enable-scale-out",) for the render routes vllm-router's cache_aware policy asks for."""
+    flags, e.g. ("--enable-scale-out",) for the render routes vllm-router's cache_aware policy asks for.
+    `dp_routing` chooses the mock's balancer between its data-parallel ranks (`load`: vLLM 0.33's, by load
+    only; `prefix`: the mock's default, which also prefers a rank holding the prompt's prefix)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     engines: list[MockEngine] = []
     try:
@@ -60,7 +65,7 @@ def start_engines(count: int, log_dir: Path, *, profile: str | None = None, flag
             cmd = [sys.executable, "-m", "flashserve_testbed.engine.cli", "serve", MODEL, "--served-model-name",
                    SERVED, "--port", "0", *flags]
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
-                                    env=_env(profile, seed * 100 + i, time_scale))
+                                    env=_env(profile, seed * 100 + i, time_scale, dp_routing))
             log.close()
             engines.append(MockEngine(proc, 0, log_path))
         deadline = time.monotonic() + timeout
