@@ -127,7 +127,7 @@ def test_router_moves_sessions_of_a_drained_replica_and_on_scale_up(profile):
 
 
 def test_unknown_routing_is_refused_with_the_choices(profile):
-    with pytest.raises(ValueError, match="routing: 'sticky' is not a routing model: choose service, affinity or router"):
+    with pytest.raises(ValueError, match="routing: 'sticky' is not a routing model: choose service, affinity, router, router-rank, router-pod-vllm"):
         Fleet(profile, 100.0, seed=1, routing="sticky")
 
 
@@ -211,3 +211,45 @@ def test_a_replicas_ranks_are_chosen_by_the_mock_engines_rule(name, slack):
         r.engine.add_request("b", 100, 4000, 100.0)
         r.engine.advance(100.1)
     assert pick_rank(g, keys, fleet.dp_slack) is g.ranks[0]
+
+
+def test_router_rank_pins_a_session_to_the_rank_vllm_routers_dp_ring_names(profile):
+    # DP-aware routing: the ring's workers are `<pod>@<rank>`, as vllm-router lists an engine URL per rank; a
+    # session's every turn goes to that rank, and sessions use the ranks of every pod
+    f = Fleet(profile, 100.0, seed=1, routing="router-rank", all_ranks=True)
+    for _ in range(3):
+        f.order(0.0, ready=True)
+    ring = HashRing([f"{g.pod}@{i}" for g in f.active for i in range(profile.engines_per_replica)])
+    placed = set()
+    for sid in range(1, 200):
+        s = _Session(sid)
+        rank = f.route_session(s)
+        assert f"{rank.group.pod}@{rank.index}" == ring.lookup(session_key(f"s{sid}"))
+        assert all(f.route_session(s) is rank for _ in range(3))
+        placed.add((rank.group.index, rank.index))
+    assert len(placed) == 3 * profile.engines_per_replica
+    # one representative rank per replica: a pod's ranks all lead to it
+    one = Fleet(profile, 100.0, seed=1, routing="router-rank")
+    for _ in range(3):
+        one.order(0.0, ready=True)
+    assert {one.route_session(_Session(sid)).group.index for sid in range(1, 60)} == {0, 1, 2}
+
+
+def test_router_pod_vllm_balances_ranks_by_load_only(profile):
+    # vLLM 0.33's balancer inside a pod has no prefix preference: a session's turns rotate over idle ranks
+    # where the mock's balancer (`router`) keeps returning to the rank that holds the prefix
+    turns = {}
+    for routing in ("router", "router-pod-vllm"):
+        f = Fleet(profile, 100.0, seed=1, routing=routing, all_ranks=True)
+        g = f.order(0.0, ready=True)
+        f._set_ready()
+        r0 = g.ranks[0].engine
+        keys = list(range(1, 40))
+        r0.add_request("warm", 39 * r0.unit, 1, 0.0, block_hashes=keys, hashes_cover_output=True, hashes_chained=True)
+        while (t := r0.next_event_time()) is not None:
+            r0.advance(t)
+        s = _Session(5)
+        s.block_hashes = lambda: keys
+        turns[routing] = {f.route_session(s).index for _ in range(4)}
+    assert turns["router"] == {0}
+    assert turns["router-pod-vllm"] == {0, 1, 2, 3}

@@ -3,7 +3,7 @@
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
                                [--scenario-file FILE.yaml ...]
-                               [--routing service|affinity|router ...]
+                               [--routing service|affinity|router|router-rank|router-pod-vllm ...]
                                [--startup-model lognormal|cold|cached-node|cached-shared]
                                [--startups SECONDS ...] [--spec-startup SECONDS] [--no-startup-learning]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
@@ -131,8 +131,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--routing", nargs="+", choices=ROUTINGS, default=["affinity"], metavar="MODEL",
                    help="how a request picks its replica, one table row set per model (default affinity): "
                    "service (random per request, a plain Service), affinity (session affinity with bounded "
-                   "load), router (vllm-router's consistent_hash on X-Session-ID, the operator's default); "
-                   "sweeps run with the first")
+                   "load), router (vllm-router's consistent_hash on X-Session-ID over pods), router-rank (the "
+                   "same over each pod's data-parallel ranks: the operator's default, dataParallelAware), "
+                   "router-pod-vllm (router with vLLM's own load-only rank balancer in the pod); sweeps run "
+                   "with the first")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--decision-log", metavar="DIR",
                    help="write FlashServe's decisions (reason, readings) per run as JSON lines here")

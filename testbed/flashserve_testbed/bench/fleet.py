@@ -32,7 +32,7 @@ from flashserve.autoscaling.startup import StartupSample
 
 from flashserve.render.vllm_args import itl_buckets
 
-from flashserve_testbed.bench.routing import HashRing, Routing, fbi_hash, session_key
+from flashserve_testbed.bench.routing import RING_ROUTINGS, ROUTINGS, HashRing, Routing, fbi_hash, session_key
 from flashserve_testbed.engine import dprank
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 from flashserve_testbed.engine.profile import Profile
@@ -125,13 +125,13 @@ class Fleet:
     def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
                  all_ranks: bool = False, engines: bool = True, routing: Routing = "affinity",
                  startup_model: str = "lognormal", nodes: int = 0) -> None:  # fmt: skip
-        if routing not in ("service", "affinity", "router"):
-            raise ValueError(f"routing: {routing!r} is not a routing model: choose service, affinity or router")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing: {routing!r} is not a routing model: choose {', '.join(ROUTINGS)}")
         self.profile = profile
         self.routing = routing
         self.route_rng = random.Random(seed * 7919 + 3)  # `service`: kube-proxy's random endpoint per request
-        self.ring = HashRing()  # `router`: vllm-router's consistent-hash ring over the ready (serve) pods
-        self.by_pod: dict[str, Group] = {}
+        self.ring = HashRing()  # the router models: vllm-router's consistent-hash ring over the ready pods' workers
+        self.by_pod: dict[str, tuple[Group, int]] = {}  # ring worker -> its group and rank (-1: vLLM picks)
         self.key_hash: dict[int, int] = {}  # session id -> its X-Session-ID's ring position
         self.engines = engines
         """False: groups get no engine model (the fluid model keeps their state itself)."""
@@ -238,9 +238,20 @@ class Fleet:
         """The groups that take new requests; for `router`, also the ring's worker set: the router's pod
         discovery adds a pod when it is ready and drops it when its routing label turns `drain` (or it goes)."""
         self.ready_list = [x for x in self.active if x.state == READY]
-        if self.routing == "router":
-            self.ring.update([g.pod for g in self.ready_list])
-            self.by_pod = {g.pod: g for g in self.ready_list}
+        if self.routing in RING_ROUTINGS:
+            self.by_pod = dict(self._ring_workers())
+            self.ring.update(list(self.by_pod))
+
+    def _ring_workers(self):
+        """The router's workers: each ready pod, or with DP-aware routing (`router-rank`) each of its ranks as
+        `<pod>@<rank>` (vllm-router's worker URL form). With one representative rank simulated per replica,
+        a pod's ranks all lead to it: the pod's share is then the sum of its ranks' shares of the ring."""
+        for g in self.ready_list:
+            if self.routing == "router-rank":
+                for i in range(self.profile.engines_per_replica):
+                    yield f"{g.pod}@{i}", (g, i if self.n_ranks > 1 else 0)
+            else:
+                yield g.pod, (g, -1)
 
     def remove_last(self, now: float) -> Group:
         g = self.active.pop()
@@ -280,7 +291,7 @@ class Fleet:
         """The rank that serves a session's next turn, by the fleet's routing model (bench/routing.py)."""
         if self.routing == "service":
             return self._route_random(s.block_hashes())
-        if self.routing == "router":
+        if self.routing in RING_ROUTINGS:
             return self._route_ring(s)
         return self._route_affinity(s)
 
@@ -289,7 +300,16 @@ class Fleet:
         if not ready:
             return None
         g = ready[self.route_rng.randrange(len(ready))]
-        return pick_rank(g, keys, self.dp_slack)
+        return self._pick_rank(g, keys)
+
+    def _pick_rank(self, g: Group, keys: list[int]) -> Rank:
+        """vLLM's choice of rank inside a replica: the mock engine's (prefix-preferring) balancer, or under
+        `router-pod-vllm` vLLM 0.33's own, by load only."""
+        return pick_rank(g, keys, self.dp_slack, prefix=self.routing != "router-pod-vllm")
+
+    def _ring_rank(self, worker: str, keys: list[int]) -> Rank:
+        g, rank = self.by_pod[worker]
+        return self._pick_rank(g, keys) if rank < 0 else g.ranks[rank]
 
     def _route_ring(self, s) -> Rank | None:
         """vllm-router's consistent_hash on `X-Session-ID: s<sid>` (what the load generator sends): the ring's
@@ -299,13 +319,14 @@ class Fleet:
         h = self.key_hash.get(s.sid)
         if h is None:
             h = self.key_hash[s.sid] = fbi_hash(session_key(f"s{s.sid}"))
-        g = self.by_pod[self.ring.lookup_hash(h)]
+        worker = self.ring.lookup_hash(h)
+        g = self.by_pod[worker][0]
         if s.replica is not g:
             if s.replica is not None:
                 s.replica.sessions -= 1
             g.sessions += 1
             s.replica = g
-        return pick_rank(g, s.block_hashes(), self.dp_slack)
+        return self._ring_rank(worker, s.block_hashes())
 
     def _route_affinity(self, s) -> Rank | None:
         """Session affinity with bounded load (consistent hashing with bounded loads): a session stays on its
@@ -322,7 +343,7 @@ class Fleet:
                 g.sessions -= 1
             target.sessions += 1
             s.replica = g = target
-        return pick_rank(g, s.block_hashes(), self.dp_slack)
+        return self._pick_rank(g, s.block_hashes())
 
     def end_session(self, s) -> None:
         if s.replica is not None:
@@ -335,13 +356,12 @@ class Fleet:
         a small margin of the least loaded, as prefix-aware routers (and vLLM's DP balancer) do."""
         if self.routing == "service":
             return self._route_random(keys)
-        if self.routing == "router":
+        if self.routing in RING_ROUTINGS:
             # no session id in a Mooncake trace: the router hashes each request on its own (its prompt-text
             # fallback), which places requests on the ring independently of each other
             if not self.ready_list:
                 return None
-            owner = self.ring.lookup_hash(self.route_rng.getrandbits(64))
-            return pick_rank(self.by_pod[owner], keys, self.dp_slack)
+            return self._ring_rank(self.ring.lookup_hash(self.route_rng.getrandbits(64)), keys)
         ranks = [r for g in self.ready_list for r in g.ranks]
         if not ranks:
             return None
@@ -358,7 +378,7 @@ class Fleet:
         return best
 
 
-def pick_rank(g: Group, keys: list[int], slack: int) -> Rank:
+def pick_rank(g: Group, keys: list[int], slack: int, prefix: bool = True) -> Rank:
     """Within a replica, per request: the mock engine's choice of data-parallel rank (engine/dprank.py), the
     rank holding the longest cached prefix among the lightly loaded ones, else vLLM's balancer's (fewest
     4 x waiting + running, ties to the first in a scan order that rotates per request)."""
@@ -367,4 +387,4 @@ def pick_rank(g: Group, keys: list[int], slack: int) -> Rank:
         return ranks[0]
     start = g.dp_next
     g.dp_next = (start + 1) % len(ranks)
-    return ranks[dprank.choose([r.engine for r in ranks], keys, start, slack)]
+    return ranks[dprank.choose([r.engine for r in ranks], keys, start, slack, prefix=prefix)]

@@ -11,7 +11,12 @@
   router replica with the same set sends a key to the same worker. On a change only the keys whose nearest
   virtual node changed move (about 1/n of them when an n-th worker joins; those of a removed worker spread over
   the rest); a moved session's next turn is a full prefill on a cold engine. No load bound: the ring's own
-  imbalance is what the engines get.
+  imbalance is what the engines get. Inside the chosen pod, vLLM picks the rank: the model takes the mock
+  engine's balancer (engine/dprank.py), which prefers the rank holding the prompt's prefix.
+* `router-rank`: the same policy with DP-aware routing (`spec.routing.dataParallelAware`, the operator's
+  default): the ring's workers are each pod's ranks, `<pod>@<rank>`, and a request goes to its rank.
+* `router-pod-vllm`: `router` with vLLM 0.33's own balancer inside the pod (by load only, no prefix
+  preference): what a pod-level router gets from real engines, i.e. `dataParallelAware: false`.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from __future__ import annotations
 import bisect
 from typing import Literal
 
-ROUTINGS = ("service", "affinity", "router")
-Routing = Literal["service", "affinity", "router"]
+ROUTINGS = ("service", "affinity", "router", "router-rank", "router-pod-vllm")
+Routing = Literal["service", "affinity", "router", "router-rank", "router-pod-vllm"]
+RING_ROUTINGS = frozenset({"router", "router-rank", "router-pod-vllm"})
 
 VIRTUAL_NODES = 160
 _M = 0xC6A4A7935BD1E995
