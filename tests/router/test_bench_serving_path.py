@@ -12,6 +12,7 @@ from flashserve_testbed.router.bench_serving_path import (
     hit_rate,
     markdown,
     rank_balancer_env,
+    router_workers,
     summarize,
     target_lines,
 )
@@ -164,3 +165,10 @@ def test_the_rank_balancer_reaches_the_mock_engines_through_the_servings_env_fie
     # the operator admits it as a plain env entry of the engine container
     spec = parse_serving(cr({"engine": engine})).spec
     assert [(e.name, e.value) for e in spec.engine.env] == [("FLASHSERVE_MOCK_DP_ROUTING", "load")]
+
+
+def test_a_dp_aware_router_lists_each_rank_of_each_engine():
+    engines = ["http://127.0.0.5:8000", "http://127.0.0.9:8000"]
+    assert router_workers(engines, 1) == engines
+    assert router_workers(engines, 2) == ["http://127.0.0.5:8000@0", "http://127.0.0.5:8000@1",
+                                          "http://127.0.0.9:8000@0", "http://127.0.0.9:8000@1"]

@@ -300,9 +300,18 @@ def router_pods(stack, name: str) -> list[tuple[str, str]]:
     return out
 
 
-def wait_routers(stack, name: str, engines: list[str], routers: int, timeout: float = 120.0) -> list[str]:
-    """Until `routers` router pods are Ready and each counts exactly `engines` as its healthy workers: a router
-    that found an engine mid-run would rebuild its ring and move a third of the sessions off their caches."""
+def router_workers(engines: list[str], ranks: int) -> list[str]:
+    """The workers a router lists for `engines`: each engine URL, or with DP-aware routing (the default for
+    pods of several ranks, `routing.dataParallelAware`) each of its ranks as `URL@rank`."""
+    return list(engines) if ranks <= 1 else [f"{e}@{r}" for e in engines for r in range(ranks)]
+
+
+def wait_routers(stack, name: str, engines: list[str], routers: int, ranks: int = 1,
+                 timeout: float = 120.0) -> list[str]:
+    """Until `routers` router pods are Ready and each counts exactly the workers of `engines` (router_workers) as
+    healthy: a router that found an engine mid-run would rebuild its ring and move a third of the sessions off
+    their caches."""
+    engines = router_workers(engines, ranks)
     deadline = time.monotonic() + timeout
     while True:
         pods = router_pods(stack, name)
@@ -364,7 +373,7 @@ def measure(stack, mode: str, name: str, sessions: int, seconds: float, seed: in
     if len(urls) != spec["replicas"]:
         raise RuntimeError(f"{name}: {len(urls)} engine pods, expected {spec['replicas']}")
     if spec.get("routing", {}).get("enabled", True):
-        targets, via = wait_routers(stack, name, urls, routers=2), "router pods"
+        targets, via = wait_routers(stack, name, urls, routers=2, ranks=_ranks()), "router pods"
     else:
         targets, via = urls, "engine pods"
     wait_idle(urls)
