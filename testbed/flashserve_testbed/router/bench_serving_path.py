@@ -493,7 +493,7 @@ def plot(out: dict, path: Path) -> Path:
 
     colors = {"routed": "tab:red", "single": "tab:gray", "service": "tab:blue"}
     groups = _groups(out)
-    fig, ax = plt.subplots(figsize=(2.6 + 2.2 * len(groups), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.6 + 2.2 * len(groups)), 3.8))
     width = 0.26
     for wi, (_, w) in enumerate(groups):
         for mi, name in enumerate(SERVINGS):
