@@ -307,7 +307,8 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
     eng = engines[0]
     try:
         opts = RouterOptions(worker_urls=(eng.url,), port=free_port(), prometheus_port=free_port(),
-                             policy=policy)
+                             policy=policy.partition("@")[0],
+                             extra_args=DP_AWARE if policy.endswith("@ranks") else ())
         with VllmRouter(opts, d / "router.log") as router:
             out = {}
             for name, base in (("direct", eng.url + "/v1"), ("routed", router.base + "/v1")):
@@ -334,7 +335,7 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
                     "engine_ttft_mean": (es1 - es0) / (ec1 - ec0) if ec1 > ec0 else None,
                     "router_generate_mean": (gs1 - gs0) / (gc1 - gc0) if gc1 > gc0 else None,
                 }
-            out["render_probe_s"] = _render_probe(eng.url) if policy == "cache_aware" else None
+            out["render_probe_s"] = _render_probe(eng.url) if policy.startswith("cache_aware") else None
     finally:
         mf.stop_all(engines)
     return out
@@ -391,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tuned-abs", type=int, default=4, help="--balance-abs-threshold of the tuned cache_aware run")
     p.add_argument("--overhead-rounds", type=int, default=5)
     p.add_argument("--overhead-seconds", type=float, default=5.0)
-    p.add_argument("--overhead-policies", default="cache_aware,consistent_hash")
+    p.add_argument("--overhead-policies", default="cache_aware,consistent_hash",
+                   help="comma-separated policies of the overhead suite; POLICY@ranks routes per data-parallel "
+                        "rank (--intra-node-data-parallel-size, the operator's default)")
     p.add_argument("--no-wire", dest="wire", action="store_false",
                    help="overhead: skip the packet capture (wiretime.py; needs tcpdump and root)")
     p.add_argument("--suite", nargs="+", choices=SUITES, default=["policies", "overhead"],
