@@ -183,6 +183,19 @@ def test_report_keeps_routing_models_apart_and_reads_files_written_before_them(t
     assert report.read_csv(path) == [replace(runs[0], prefix_hit_rate=None)]
 
 
+def _one_replica_prefix_on_rank_0(prof, routing: str):
+    """A fleet of one ready replica, every rank simulated, whose rank 0 holds the prefix `keys` (idle again)."""
+    fleet = Fleet(prof, 100.0, 1, all_ranks=True, routing=routing)
+    g = fleet.order(0.0, ready=True)
+    fleet._set_ready()
+    r0 = g.ranks[0].engine
+    keys = list(range(1, 40))
+    r0.add_request("warm", 39 * r0.unit, 1, 0.0, block_hashes=keys, hashes_cover_output=True, hashes_chained=True)
+    while (t := r0.next_event_time()) is not None:
+        r0.advance(t)
+    return fleet, g, keys
+
+
 @pytest.mark.parametrize("name, slack", [("gb200-4gpu-demo", 1), ("gb200-4gpu", 4)])
 def test_a_replicas_ranks_are_chosen_by_the_mock_engines_rule(name, slack):
     # Within a replica the simulator picks a data-parallel rank as the mock engine does (engine/dprank.py): a
@@ -191,14 +204,8 @@ def test_a_replicas_ranks_are_chosen_by_the_mock_engines_rule(name, slack):
     # go to the first rank of a scan that rotates per request.
     prof = profiles.load(name)
     assert dprank.slack(prof) == slack
-    fleet = Fleet(prof, 100.0, 1, all_ranks=True, routing="router")
-    g = fleet.order(0.0, ready=True)
-    fleet._set_ready()
+    fleet, g, keys = _one_replica_prefix_on_rank_0(prof, "router")
     r0 = g.ranks[0].engine
-    keys = list(range(1, 40))
-    r0.add_request("warm", 39 * r0.unit, 1, 0.0, block_hashes=keys, hashes_cover_output=True, hashes_chained=True)
-    while (t := r0.next_event_time()) is not None:
-        r0.advance(t)
     for i in range(slack + 1):  # rank 0 runs slack + 1 requests: just past the slack
         r0.add_request(i, 100, 4000, 100.0)
     r0.advance(100.1)
@@ -240,14 +247,7 @@ def test_router_pod_vllm_balances_ranks_by_load_only(profile):
     # where the mock's balancer (`router`) keeps returning to the rank that holds the prefix
     turns = {}
     for routing in ("router", "router-pod-vllm"):
-        f = Fleet(profile, 100.0, seed=1, routing=routing, all_ranks=True)
-        g = f.order(0.0, ready=True)
-        f._set_ready()
-        r0 = g.ranks[0].engine
-        keys = list(range(1, 40))
-        r0.add_request("warm", 39 * r0.unit, 1, 0.0, block_hashes=keys, hashes_cover_output=True, hashes_chained=True)
-        while (t := r0.next_event_time()) is not None:
-            r0.advance(t)
+        f, _, keys = _one_replica_prefix_on_rank_0(profile, routing)
         s = _Session(5)
         s.block_hashes = lambda: keys
         turns[routing] = {f.route_session(s).index for _ in range(4)}
