@@ -7,9 +7,11 @@ groups leave routing, drain, and only then go (docs/drain.md).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,52 @@ def _statefulsets(kubectl, namespace: str) -> dict[str, str]:
     items = json.loads(kubectl("get", "statefulsets", "-n", namespace, "-o", "json").stdout)["items"]
     return {s["metadata"]["name"]: s["metadata"]["annotations"].get("flashserve.io/template-hash", "")
             for s in items if not s["metadata"].get("deletionTimestamp")}
+
+
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _get(url: str) -> str:
+    with _LOCAL.open(url, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _served_per_rank(kubectl, namespace: str) -> dict[tuple[str, str], float]:
+    """(engine pod IP, data-parallel rank) -> requests finished, over the serving's engine pods."""
+    pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l",
+                              f"flashserve.io/serving={SERVING},app.kubernetes.io/component=engine",
+                              "-o", "json").stdout)["items"]  # fmt: skip
+    out: dict[tuple[str, str], float] = {}
+    for pod in pods:
+        ip = pod["status"].get("podIP")
+        if not ip:
+            continue
+        for line in _get(f"http://{ip}:8000/metrics").splitlines():
+            if line.startswith("vllm:request_success_total{"):
+                rank = re.search(r'engine="([^"]*)"', line).group(1)
+                out[(ip, rank)] = out.get((ip, rank), 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_the_router_the_operator_renders_sends_a_session_to_one_rank_of_one_pod(path_stack, kubectl):
+    """routing.dataParallelAware (the default): the real vllm-router, discovering the pods through the API server,
+    lists each of the 4 ranks of each of the 4 engine pods as a worker and keeps a session on one of them."""
+    namespace, url, _, _ = path_stack
+    router_ip = url.split("//", 1)[1].rsplit(":", 1)[0]
+    metrics = _get(f"http://{router_ip}:29000/metrics")
+    workers = [re.search(r'worker="([^"]+)"', line).group(1) for line in metrics.splitlines()
+               if line.startswith("vllm_router_worker_health{") and float(line.rsplit(" ", 1)[1]) == 1]
+    assert len(workers) == 16 and all(re.fullmatch(r"http://127(\.\d+){3}:8000@[0-3]", w) for w in workers), workers
+    before = _served_per_rank(kubectl, namespace)
+    body = json.dumps({"model": "deepseek-flash", "prompt": "the same session", "max_tokens": 4}).encode()
+    for _ in range(3):
+        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={
+            "content-type": "application/json", "X-Session-ID": "e2e-one-rank"})
+        with _LOCAL.open(req, timeout=30) as resp:
+            assert resp.status == 200
+    after = _served_per_rank(kubectl, namespace)
+    moved = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+    assert list(moved.values()) == [3.0], moved
 
 
 def _start_load(url: str, report: Path, seconds: int) -> subprocess.Popen:
