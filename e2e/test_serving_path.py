@@ -93,6 +93,8 @@ def _get(url: str) -> str:
 
 def _served_per_rank(kubectl, namespace: str) -> dict[tuple[str, str], float]:
     """(engine pod IP, data-parallel rank) -> requests finished, over the serving's engine pods."""
+    from flashserve_testbed.router.bench_vllm_router import per_rank
+
     pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l",
                               f"flashserve.io/serving={SERVING},app.kubernetes.io/component=engine",
                               "-o", "json").stdout)["items"]  # fmt: skip
@@ -101,10 +103,8 @@ def _served_per_rank(kubectl, namespace: str) -> dict[tuple[str, str], float]:
         ip = pod["status"].get("podIP")
         if not ip:
             continue
-        for line in _get(f"http://{ip}:8000/metrics").splitlines():
-            if line.startswith("vllm:request_success_total{"):
-                rank = re.search(r'engine="([^"]*)"', line).group(1)
-                out[(ip, rank)] = out.get((ip, rank), 0.0) + float(line.rsplit(" ", 1)[1])
+        for rank, served in enumerate(per_rank(_get(f"http://{ip}:8000/metrics"), "vllm:request_success_total")):
+            out[(ip, str(rank))] = served
     return out
 
 

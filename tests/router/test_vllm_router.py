@@ -239,7 +239,7 @@ def test_the_router_reads_its_kubeconfigs_token_file_again_so_a_refreshed_token_
 
 
 def test_per_rank_counts_and_the_busiest_ranks_share():
-    from flashserve_testbed.router.bench_vllm_router import _per_rank, rank_peak
+    from flashserve_testbed.router.bench_vllm_router import per_rank, rank_peak
 
     text = "\n".join([
         'vllm:request_success_total{engine="1",finished_reason="stop",model_name="m"} 3',
@@ -247,6 +247,6 @@ def test_per_rank_counts_and_the_busiest_ranks_share():
         'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 2',
         'vllm:request_success_total{engine="3",finished_reason="stop",model_name="m"} 6',
     ])  # fmt: skip
-    assert _per_rank(text, "vllm:request_success_total") == [2.0, 4.0, 6.0]
+    assert per_rank(text, "vllm:request_success_total") == [2.0, 4.0, 6.0]
     assert rank_peak([2.0, 4.0, 6.0]) == pytest.approx(1.5)
     assert rank_peak([]) is None and rank_peak([0.0, 0.0]) is None

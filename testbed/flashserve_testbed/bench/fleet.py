@@ -131,7 +131,7 @@ class Fleet:
         self.routing = routing
         self.route_rng = random.Random(seed * 7919 + 3)  # `service`: kube-proxy's random endpoint per request
         self.ring = HashRing()  # the router models: vllm-router's consistent-hash ring over the ready pods' workers
-        self.by_pod: dict[str, tuple[Group, int]] = {}  # ring worker -> its group and rank (-1: vLLM picks)
+        self.by_worker: dict[str, tuple[Group, int]] = {}  # ring worker -> its group and rank (-1: vLLM picks)
         self.key_hash: dict[int, int] = {}  # session id -> its X-Session-ID's ring position
         self.engines = engines
         """False: groups get no engine model (the fluid model keeps their state itself)."""
@@ -239,8 +239,8 @@ class Fleet:
         discovery adds a pod when it is ready and drops it when its routing label turns `drain` (or it goes)."""
         self.ready_list = [x for x in self.active if x.state == READY]
         if self.routing in RING_ROUTINGS:
-            self.by_pod = dict(self._ring_workers())
-            self.ring.update(list(self.by_pod))
+            self.by_worker = dict(self._ring_workers())
+            self.ring.update(list(self.by_worker))
 
     def _ring_workers(self):
         """The router's workers: each ready pod, or with DP-aware routing (`router-rank`) each of its ranks as
@@ -308,7 +308,7 @@ class Fleet:
         return pick_rank(g, keys, self.dp_slack, prefix=self.routing != "router-pod-vllm")
 
     def _ring_rank(self, worker: str, keys: list[int]) -> Rank:
-        g, rank = self.by_pod[worker]
+        g, rank = self.by_worker[worker]
         return self._pick_rank(g, keys) if rank < 0 else g.ranks[rank]
 
     def _route_ring(self, s) -> Rank | None:
@@ -320,7 +320,7 @@ class Fleet:
         if h is None:
             h = self.key_hash[s.sid] = fbi_hash(session_key(f"s{s.sid}"))
         worker = self.ring.lookup_hash(h)
-        g = self.by_pod[worker][0]
+        g = self.by_worker[worker][0]
         if s.replica is not g:
             if s.replica is not None:
                 s.replica.sessions -= 1

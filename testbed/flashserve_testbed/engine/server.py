@@ -9,6 +9,7 @@ import sys
 import time
 
 from aiohttp import web
+from flashserve.facts import router as router_facts
 
 from flashserve_testbed.engine import metrics as prom
 from flashserve_testbed.engine import render
@@ -29,7 +30,7 @@ VLLM_VERSION = "0.33.0"
 def _data_parallel_rank(request: web.Request) -> int | None:
     """The rank a router pinned the request to (`X-data-parallel-rank`), read as vLLM 0.33 reads it: a value
     that is not an integer is ignored, not refused."""
-    value = request.headers.get("X-data-parallel-rank")
+    value = request.headers.get(router_facts.DP_RANK_HEADER)
     try:
         return int(value) if value is not None else None
     except ValueError:

@@ -106,7 +106,9 @@ def rank_balancer_env(balancer: str | None) -> dict:
     vLLM ignores the variable."""
     if balancer is None:
         return {}
-    return {"env": [{"name": "FLASHSERVE_MOCK_DP_ROUTING", "value": balancer}]}
+    from flashserve_testbed.engine.replica import ENV_ROUTING
+
+    return {"env": [{"name": ENV_ROUTING, "value": balancer}]}
 
 
 def serving_name(mode: str, kv_tokens: int | None) -> str:

@@ -36,6 +36,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from flashserve.facts import router as router_facts
+
 from flashserve_testbed.loadgen import Workload, run_load
 from flashserve_testbed.localcluster.procs import end
 from flashserve_testbed.router import mockfleet as mf
@@ -74,7 +76,7 @@ def runs(args) -> list[Run]:
 
 
 SUITES = ("policies", "calibrate", "replicas", "dp", "overhead")
-DP_AWARE = ("--intra-node-data-parallel-size", ENGINE_FLAGS[1])  # one ring entry per rank of each engine pod
+DP_AWARE = (router_facts.DP_AWARE_FLAG, ENGINE_FLAGS[1])  # one ring entry per rank of each engine pod
 
 
 def dp_runs() -> list[Run]:
@@ -185,7 +187,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
     hits = sum(mf.counter(t, "vllm:prefix_cache_hits_total") for t in texts)
     queries = sum(mf.counter(t, "vllm:prefix_cache_queries_total") for t in texts)
     per_engine = [mf.counter(t, "vllm:request_success_total") for t in texts]
-    per_rank = [v for t in texts for v in _per_rank(t, "vllm:request_success_total")]
+    ranks = [v for t in texts for v in per_rank(t, "vllm:request_success_total")]
     s = report.summary()
     inputs = _summed(router_metrics, "vllm_router_kv_routing_inputs_total")
     renders = sum(inputs.values())
@@ -194,7 +196,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
         "run": run.name, "engines": n, "routers": run.routers if run.route == "router" else 0,
         "sessions": sessions, "requests": s["requests"], "ok": s["ok"],
         "errors": s["errors"], "hit_rate": hits / queries if queries else None, "requests_per_engine": per_engine,
-        "requests_per_rank": per_rank,
+        "requests_per_rank": ranks,
         "ttft_p50": s["ttft_seconds"]["p50"], "ttft_p99": s["ttft_seconds"]["p99"],
         "router_token_inputs": inputs,
         "prefix_decisions": decisions, "router_token_input_calls": renders,
@@ -231,9 +233,10 @@ def rank_medians(runs: list[dict]) -> dict:
     """Medians over a repeated run's rounds of its hit rate and its busiest rank's share."""
     med = statistics.median
     hits = [r["hit_rate"] for r in runs if r["hit_rate"] is not None]
-    peaks = [p for r in runs if (p := rank_peak(r["requests_per_rank"])) is not None]
+    per_round = [(r["seed"], r["hit_rate"], rank_peak(r["requests_per_rank"])) for r in runs]
+    peaks = [p for _, _, p in per_round if p is not None]
     return {"rounds": len(runs), "hit_rate": med(hits) if hits else None, "rank_peak": med(peaks) if peaks else None,
-            "per_round": [(r["seed"], r["hit_rate"], rank_peak(r["requests_per_rank"])) for r in runs]}
+            "per_round": per_round}
 
 
 def spread_diff(real: list[float], sim: list[float]) -> float:
@@ -264,7 +267,7 @@ def _summed(texts: list[str], name: str) -> dict[str, float]:
     return out
 
 
-def _per_rank(text: str, name: str) -> list[float]:
+def per_rank(text: str, name: str) -> list[float]:
     """One engine pod's counter per data-parallel rank (its `engine` label), in rank order."""
     ranks: dict[int, float] = {}
     for labels, v in mf.samples(text, name).items():

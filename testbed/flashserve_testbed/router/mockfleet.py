@@ -12,6 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashserve_testbed.engine.replica import ENV_ROUTING
 from flashserve_testbed.localcluster.procs import end
 
 MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
@@ -45,7 +46,7 @@ def _env(profile: str | None, seed: int, time_scale: float, dp_routing: str | No
     if profile:
         env["FLASHSERVE_MOCK_PROFILE"] = profile
     if dp_routing:
-        env["FLASHSERVE_MOCK_DP_ROUTING"] = dp_routing
+        env[ENV_ROUTING] = dp_routing
     return env
 
 
