@@ -53,6 +53,14 @@ def test_default_router_command_line_is_the_contract():
     ]  # fmt: skip
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"},
                           {"name": "metrics", "containerPort": 29000, "protocol": "TCP"}]  # fmt: skip
+    assert c["env"] == [{"name": "RUST_LOG", "value": "warn"}]
+
+
+@pytest.mark.parametrize("level", router_facts.LOG_LEVELS)
+def test_the_log_level_goes_in_rust_log_not_the_flag_the_router_misreads(level):
+    c = _container(_render({"routing": {"logLevel": level}}))
+    assert c["env"] == [{"name": router_facts.LOG_ENV, "value": level}]
+    assert "--log-level" not in c["args"]
 
 
 @pytest.mark.parametrize("policy", router_facts.POLICIES)
@@ -190,6 +198,7 @@ def test_inference_pool_selects_the_serving_engines_on_the_engine_port():
     [
         ({"metricsPort": 8000}, "spec.routing.metricsPort", "must differ"),
         ({"policy": "kv_aware"}, "spec.routing.policy", "consistent_hash"),
+        ({"logLevel": "warning"}, "spec.routing.logLevel", "'warn'"),
         ({"replicas": 0}, "spec.routing.replicas", "greater than or equal to 1"),
         ({"port": 80}, "spec.routing.port", "greater than or equal to 1024"),
         ({"cacheAware": {"cacheThreshold": 1.5}}, "spec.routing.cacheAware.cacheThreshold", "less than or equal to 1"),

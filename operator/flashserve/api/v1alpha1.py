@@ -531,6 +531,10 @@ class RoutingSpec(_Model):
     header). vLLM's own balancer between a pod's ranks weighs load only, so without this a session's turns
     spread over the pod's ranks and find their prefix cache on one of them at best. No effect on pods with one
     rank. False: the router picks a pod and vLLM picks the rank."""
+    log_level: Literal[router_facts.LOG_LEVELS] = router_facts.DEFAULT_LOG_LEVEL  # type: ignore[valid-type]
+    """The router pods' log level (their RUST_LOG). warn (default) logs errors and warnings only. info adds
+    start-up, worker added/removed and three lines per routed request that carry its session key, a user
+    identifier in the pods' logs at the request rate; debug adds more per request."""
     replicas: int = Field(2, ge=1, le=64)
     """Router pods. Two or more get a PodDisruptionBudget keeping all but one, so a node drain never takes the
     endpoint down."""

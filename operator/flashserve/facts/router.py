@@ -51,5 +51,15 @@ READINESS_PATH = "/readiness"
 DP_AWARE_FLAG = "--intra-node-data-parallel-size"
 DP_RANK_HEADER = "X-data-parallel-rank"
 
+# The router's log level goes in RUST_LOG (its tracing filter), not --log-level: 0.1.17 reads that flag as
+# a tracing level, so `warning` and `critical`, two of the choices its help offers, silently fall back to
+# info; RUST_LOG wins over the flag when both are set. At info the router logs three lines for every request
+# consistent_hash routes, each carrying the request's session key (an X-Session-ID or X-User-ID: a user's
+# identifier in the pod's log, at the request rate); warn drops those and the start-up and worker
+# added/removed lines with them. Checked on the binary (tests/router/test_vllm_router.py).
+LOG_ENV = "RUST_LOG"
+LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warn", "error")
+DEFAULT_LOG_LEVEL = "warn"
+
 # The session key consistent_hash and sticky_least_loaded read first (docs/vllm-router.md).
 SESSION_HEADER = "X-Session-ID"

@@ -390,6 +390,7 @@ def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
         "image": routing.image,
         "image_pull_policy": routing.image_pull_policy,
         "args": _router_args(obj, namespace),
+        "env": [{"name": router_facts.LOG_ENV, "value": routing.log_level}],
         "ports": [
             {"name": "http", "containerPort": routing.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": routing.metrics_port, "protocol": "TCP"},
