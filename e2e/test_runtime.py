@@ -137,7 +137,8 @@ def stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_f
         assert runtime.poll() is None, st.logs()
         cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
               "metadata": {"name": SERVING, "namespace": namespace},
-              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2}}
+              # logLevel info: the router logs a worker it drops only at info (docs/routing.md, "Log level")
+              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "routing": {"logLevel": "info"}}}
         kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
         _watch_until_ready(core, st, timeout=60)
         st.router = router_url(namespace, SERVING, timeout=60)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flashserve.render.naming import router_name
 
 from e2e.support import (
     OperatorProcess,
@@ -110,8 +111,9 @@ def _served_per_rank(kubectl, namespace: str) -> dict[tuple[str, str], float]:
 
 def test_the_router_the_operator_renders_sends_a_session_to_one_rank_of_one_pod(path_stack, kubectl):
     """routing.dataParallelAware (the default): the real vllm-router, discovering the pods through the API server,
-    lists each of the 4 ranks of each of the 4 engine pods as a worker and keeps a session on one of them."""
-    namespace, url, _, _ = path_stack
+    lists each of the 4 ranks of each of the 4 engine pods as a worker and keeps a session on one of them. At the
+    default routing.logLevel (warn) the session key stays out of the router pods' logs."""
+    namespace, url, logs, _ = path_stack
     router_ip = url.split("//", 1)[1].rsplit(":", 1)[0]
     metrics = _get(f"http://{router_ip}:29000/metrics")
     workers = [re.search(r'worker="([^"]+)"', line).group(1) for line in metrics.splitlines()
@@ -127,6 +129,9 @@ def test_the_router_the_operator_renders_sends_a_session_to_one_rank_of_one_pod(
     after = _served_per_rank(kubectl, namespace)
     moved = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
     assert list(moved.values()) == [3.0], moved
+    router_logs = sorted((logs / "engines").glob(f"{namespace}_{router_name(SERVING)}-*.log"))
+    assert router_logs and all(p.stat().st_size for p in router_logs), "the runtime keeps each router pod's output"
+    assert not [p.name for p in router_logs if "e2e-one-rank" in p.read_text(errors="replace")]
 
 
 def _start_load(url: str, report: Path, seconds: int) -> subprocess.Popen:
