@@ -5,11 +5,15 @@ Also the launcher's command line and its refusals, which need no binary."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
+from flashserve.facts import router as router_facts
+from flashserve_testbed.localcluster.procs import end
 from flashserve_testbed.router import mockfleet as mf
 from flashserve_testbed.router.vllm_router import (
     RouterOptions,
@@ -17,6 +21,7 @@ from flashserve_testbed.router.vllm_router import (
     VllmRouter,
     argv,
     free_port,
+    wait_serving,
 )
 
 pytestmark = pytest.mark.timeout(150)
@@ -143,6 +148,39 @@ def test_engines_without_the_render_route_leave_cache_aware_without_tokens(tmp_p
         mf.stop_all(fleet)
 
 
+def test_the_session_key_reaches_the_log_at_info_and_not_at_the_shipped_warn(engines, tmp_path):
+    """The operator sets the router's level in RUST_LOG (router_facts.LOG_ENV), warn by default, because at info
+    0.1.17 logs every routed request with its session key, and its --log-level flag cannot say warn: it reads
+    `warning` (one of the choices its help offers) as info."""
+    key = "session-key-7c1f"
+
+    def routed_log(level: str, flag: str | None = None) -> str:
+        opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(),
+                             prometheus_port=free_port(), policy="consistent_hash", log_level=level)
+        log = tmp_path / f"router-{level}-{flag}.log"
+        if flag is None:
+            router = VllmRouter(opts, log).start()
+            stop, base = router.stop, router.base
+        else:  # the flag alone, RUST_LOG unset, as the router's help suggests
+            env = {k: v for k, v in os.environ.items() if k != router_facts.LOG_ENV}
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(argv(opts) + ["--log-level", flag], stdout=out, stderr=subprocess.STDOUT,
+                                        env=env, stdin=subprocess.DEVNULL)
+            stop, base = (lambda: end(proc)), f"http://127.0.0.1:{opts.port}"
+            wait_serving(base, proc, 60)
+        try:
+            for i in range(2):
+                _chat(base, f"logged {i}", {"X-Session-ID": key})
+        finally:
+            stop()
+        return log.read_text(errors="replace")
+
+    assert key in routed_log("info")  # the test can fail: at info the key is there
+    assert key in routed_log("info", flag="warning"), "the router now honours --log-level warning: use the flag"
+    shipped = routed_log(router_facts.DEFAULT_LOG_LEVEL)
+    assert key not in shipped and " INFO " not in shipped, shipped[-2000:]
+
+
 def test_argv_binds_loopback_and_passes_the_options():
     opts = RouterOptions(worker_urls=("http://127.0.0.1:8001/", "http://127.0.0.2:8002"), port=30001,
                          prometheus_port=30002, policy="consistent_hash", balance_abs_threshold=4,
@@ -167,6 +205,8 @@ def test_argv_binds_loopback_and_passes_the_options():
     ({"balance_rel_threshold": 0.5}, "balance_rel_threshold"),
     ({"prometheus_port": 30001}, "prometheus_port"),
     ({"extra_args": ("--host", "0.0.0.0")}, "extra_args"),
+    ({"extra_args": ("--log-level", "warning")}, "extra_args"),
+    ({"log_level": "warning"}, "log_level"),
 ])
 def test_options_refuse_what_would_leave_loopback_or_not_run(kw, field):
     base = {"worker_urls": ("http://127.0.0.1:8001",), "port": 30001, "prometheus_port": 30002}
@@ -250,3 +290,61 @@ def test_per_rank_counts_and_the_busiest_ranks_share():
     assert per_rank(text, "vllm:request_success_total") == [2.0, 4.0, 6.0]
     assert rank_peak([2.0, 4.0, 6.0]) == pytest.approx(1.5)
     assert rank_peak([]) is None and rank_peak([0.0, 0.0]) is None
+
+
+def test_overhead_variants_name_policy_rank_routing_and_log_level():
+    from flashserve_testbed.router.bench_vllm_router import overhead_variant
+
+    assert overhead_variant("consistent_hash@ranks/info") == ("consistent_hash", True, "info")
+    assert overhead_variant("consistent_hash@ranks") == ("consistent_hash", True, None)
+    assert overhead_variant("cache_aware/warn") == ("cache_aware", False, "warn")
+    for bad, words in (("consistent_hash@pods", "@ranks"), ("consistent_hash/warning", "warn")):
+        with pytest.raises(SystemExit, match=words):
+            overhead_variant(bad)
+
+
+def test_overhead_pools_every_rounds_requests_for_its_percentiles():
+    """A round of the demo's load has ~35 requests, so its p99 is its slowest request; the pooled figure takes
+    the percentile over every round's requests at once."""
+    from types import SimpleNamespace
+
+    from flashserve_testbed.router.bench_vllm_router import overhead
+
+    def half(p50: float) -> dict:
+        return {"p50": p50, "p99": 2 * p50, "client_ttft_mean": p50, "engine_ttft_mean": 0.01,
+                "router_generate_mean": 0.011}
+
+    def wire(values: list[float]) -> dict:
+        stats = {"p50": sorted(values)[len(values) // 2], "p99": max(values), "mean": sum(values) / len(values)}
+        return {"requests": len(values), "unpaired": 0, "dropped": 0, "added_values": values, "added": stats,
+                **{part: stats for part in ("own", "render", "inbound", "outbound")}}
+
+    # three rounds of 100 requests: 1 ms each, but one round also has one slow request of 50 ms
+    rounds = [{"direct": half(0.020), "routed": half(0.021), "render_probe_s": None,
+               "wire": wire([0.001] * 99 + [0.050 if i == 1 else 0.001])} for i in range(3)]
+    o = overhead(SimpleNamespace(overhead_rounds=3), "consistent_hash", rounds)
+    w = o["wire"]
+    assert w["added_p99_per_round"] == [0.001, 0.050, 0.001] and w["added_p99"] == 0.001
+    assert w["added_pooled_p50"] == 0.001 and w["added_pooled_p99"] == 0.001  # 1 of 300 is under the 1%
+    rounds[2]["wire"] = wire([0.001] * 97 + [0.040] * 3)
+    assert overhead(SimpleNamespace(overhead_rounds=3), "consistent_hash", rounds)["wire"]["added_pooled_p99"] == 0.040
+
+
+def test_router_cpus_are_a_proper_subset_and_the_router_runs_on_them(engines, tmp_path):
+    """The overhead bench's --router-cpus: the router process (and the worker threads it starts) on the CPUs
+    given, so its own time is measured without the engines and clients competing for its core."""
+    from flashserve_testbed.router.bench_vllm_router import router_cpus
+
+    assert router_cpus("1", {0, 1}) == {1}
+    assert router_cpus("1-2,4", {0, 1, 2, 3, 4}) == {1, 2, 4}
+    assert router_cpus(None, {0, 1}) is None
+    for bad, words in (("0,1", "not all"), ("5", "not all"), ("x", "CPU numbers")):
+        with pytest.raises(SystemExit, match=words):
+            router_cpus(bad, {0, 1})
+    cpu = max(os.sched_getaffinity(0))
+    opts = RouterOptions(worker_urls=(engines[0].url,), port=free_port(), prometheus_port=free_port(),
+                         policy="consistent_hash")
+    with VllmRouter(opts, tmp_path / "pinned.log", cpus=frozenset({cpu})) as router:
+        threads = list(Path(f"/proc/{router.proc.pid}/task").iterdir())
+        assert len(threads) > 1  # its tokio workers exist and inherited the mask
+        assert all(os.sched_getaffinity(int(t.name)) == {cpu} for t in threads)

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -161,8 +162,9 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
         if run.route == "router":
             for i in range(run.routers):
                 opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(),
-                                     prometheus_port=free_port(), policy=run.policy, extra_args=run.router_args)
-                routers.append(VllmRouter(opts, d / f"router-{i}.log").start())
+                                     prometheus_port=free_port(), policy=run.policy, extra_args=run.router_args,
+                                     log_level=args.router_log_level)
+                routers.append(VllmRouter(opts, d / f"router-{i}.log", cpus=args.router_cpus).start())
             if run.routers > 1:
                 port = free_port()
                 service = _start_service(port, routers, d / "proxy.log")
@@ -309,10 +311,11 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
     engines = mf.start_engines(1, d, profile=args.profile, flags=ENGINE_FLAGS + SCALE_OUT, seed=seed)
     eng = engines[0]
     try:
+        name, ranks, level = overhead_variant(policy)
         opts = RouterOptions(worker_urls=(eng.url,), port=free_port(), prometheus_port=free_port(),
-                             policy=policy.partition("@")[0],
-                             extra_args=DP_AWARE if policy.endswith("@ranks") else ())
-        with VllmRouter(opts, d / "router.log") as router:
+                             policy=name, log_level=level or args.router_log_level,
+                             extra_args=DP_AWARE if ranks else ())
+        with VllmRouter(opts, d / "router.log", cpus=args.router_cpus) as router:
             out = {}
             for name, base in (("direct", eng.url + "/v1"), ("routed", router.base + "/v1")):
                 e0, r0 = eng.metrics(), router.metrics()
@@ -326,7 +329,8 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
                 e1, r1 = eng.metrics(), router.metrics()
                 if isinstance(capture, wiretime.Capture):
                     wt = wiretime.measure(capture.path, (opts.port,), (eng.port,))
-                    out["wire"] = {**wt.summary(), "dropped": capture.dropped}
+                    out["wire"] = {**wt.summary(), "dropped": capture.dropped,
+                                   "added_values": [r.added for r in wt.requests]}
                 ttfts = [t for r in rep.ok if (t := r.ttft()) is not None]
                 es0, ec0 = _hist(e0, "vllm:time_to_first_token_seconds")
                 es1, ec1 = _hist(e1, "vllm:time_to_first_token_seconds")
@@ -344,8 +348,47 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
     return out
 
 
-def overhead(args, work: Path, policy: str) -> dict:
-    rounds = [_overhead_round(args, work, policy, seed=100 + i) for i in range(args.overhead_rounds)]
+def router_cpus(text: str | None, available: set[int]) -> frozenset[int] | None:
+    """`--router-cpus` ("1", "2,3", "2-3") -> the routers' CPUs, a non-empty proper subset of `available` so
+    that the engines, the clients and the capture keep the rest."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        try:
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise SystemExit(f"--router-cpus: {text!r}: give CPU numbers, e.g. 1 or 2,3 or 2-3") from None
+    if not cpus or not cpus < available:
+        raise SystemExit(f"--router-cpus: {text!r}: give some but not all of this process's CPUs "
+                         f"{sorted(available)}, so the engines and clients keep the rest")
+    return frozenset(cpus)
+
+
+def overhead_variant(spec: str) -> tuple[str, bool, str | None]:
+    """`POLICY[@ranks][/LEVEL]` -> (policy, per rank, the router's log level or None for --router-log-level)."""
+    rest, _, level = spec.partition("/")
+    policy, _, where = rest.partition("@")
+    if where not in ("", "ranks"):
+        raise SystemExit(f"--overhead-policies: {spec!r}: after @ only `ranks` is known (POLICY@ranks)")
+    if level and level not in router_facts.LOG_LEVELS:
+        raise SystemExit(f"--overhead-policies: {spec!r}: log level {level!r} is not one of "
+                         f"{', '.join(router_facts.LOG_LEVELS)}")
+    return policy, where == "ranks", level or None
+
+
+def overhead_all(args, work: Path, policies: list[str]) -> list[dict]:
+    """Every policy's rounds, interleaved (round 1 of each, then round 2 of each, ...), so that the machine's
+    drift over the run falls on every policy alike."""
+    rounds: dict[str, list[dict]] = {p: [] for p in policies}
+    for i in range(args.overhead_rounds):
+        for policy in policies:
+            rounds[policy].append(_overhead_round(args, work, policy, seed=100 + i))
+    return [overhead(args, policy, rounds[policy]) for policy in policies]
+
+
+def overhead(args, policy: str, rounds: list[dict]) -> dict:
 
     def outside(x: dict) -> float | None:
         if x["client_ttft_mean"] is None or x["engine_ttft_mean"] is None:
@@ -364,6 +407,7 @@ def overhead(args, work: Path, policy: str) -> dict:
     def wire_med(part: str, q: str) -> float | None:
         xs = [w[part][q] for w in wire if w[part][q] is not None]
         return med(xs) if xs else None
+    pooled = [x for w in wire for x in w.get("added_values", ())]
     return {"policy": policy, "rounds": args.overhead_rounds, "ttft_p50_added": med(d50),
             "ttft_p99_added": med(d99), "direct_ttft_p50": med([r["direct"]["p50"] for r in rounds]),
             "p50_added_per_round": d50, "p99_added_per_round": d99,
@@ -377,6 +421,9 @@ def overhead(args, work: Path, policy: str) -> dict:
                 "rounds": len(wire), "requests": sum(w["requests"] for w in wire),
                 "unpaired": sum(w["unpaired"] for w in wire), "dropped": sum(w["dropped"] or 0 for w in wire),
                 "added_p50_per_round": [w["added"]["p50"] for w in wire],
+                # every round's requests together: a p99 of a few hundred requests, not of a round's 35
+                "added_pooled_p50": wiretime.pct(pooled, 0.5),
+                "added_pooled_p99": wiretime.pct(pooled, 0.99),
                 "added_p99_per_round": [w["added"]["p99"] for w in wire]} if wire else None,
             "rounds_detail": rounds}
 
@@ -396,8 +443,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-rounds", type=int, default=5)
     p.add_argument("--overhead-seconds", type=float, default=5.0)
     p.add_argument("--overhead-policies", default="cache_aware,consistent_hash",
-                   help="comma-separated policies of the overhead suite; POLICY@ranks routes per data-parallel "
-                        "rank (--intra-node-data-parallel-size, the operator's default)")
+                   help="comma-separated policies of the overhead suite, run round by round interleaved: "
+                        "POLICY[@ranks][/LEVEL]; @ranks routes per data-parallel rank "
+                        "(--intra-node-data-parallel-size, the operator's default), /LEVEL sets the router's log "
+                        "level for that policy")
+    p.add_argument("--router-log-level", choices=router_facts.LOG_LEVELS, default=router_facts.DEFAULT_LOG_LEVEL,
+                   help="the routers' log level, in their RUST_LOG (default: the operator's, %(default)s)")
+    p.add_argument("--router-cpus", metavar="CPUS",
+                   help="pin the routers to these CPUs (e.g. 1) and everything else (engines, clients, capture) to "
+                        "the others: the router's time without other processes competing for its core")
     p.add_argument("--no-wire", dest="wire", action="store_false",
                    help="overhead: skip the packet capture (wiretime.py; needs tcpdump and root)")
     p.add_argument("--suite", nargs="+", choices=SUITES, default=["policies", "overhead"],
@@ -405,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated run names to keep (default: all)")
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
+    available = os.sched_getaffinity(0)
+    args.router_cpus = router_cpus(args.router_cpus, available)
+    if args.router_cpus:
+        # set before any child starts: engines, tcpdump and the clients' threads inherit the rest
+        os.sched_setaffinity(0, available - args.router_cpus)
+        print(f"routers on CPUs {sorted(args.router_cpus)}, everything else on "
+              f"{sorted(available - args.router_cpus)}", flush=True)
     t0 = time.monotonic()
     results: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": [], "overhead": []}
     with tempfile.TemporaryDirectory(prefix="bench-vllm-router-") as tmp:
@@ -450,8 +511,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * med['real']:.1f}%, simulator {100 * med['sim']:.1f}% ({100 * med['diff']:+.1f} points), "
                   f"KV-block units {100 * med['sim_blocks']:.1f}% ({100 * med['diff_blocks']:+.1f}); spread max "
                   f"|diff| {med['spread']:.1f} points", flush=True)
-        for policy in filter(None, args.overhead_policies.split(",") if "overhead" in args.suite else ()):
-            o = overhead(args, work, policy)
+        policies = [p for p in args.overhead_policies.split(",") if p] if "overhead" in args.suite else []
+        for spec in policies:
+            overhead_variant(spec)  # a bad spec stops the run before it starts
+        for o in overhead_all(args, work, policies):
+            policy = o["policy"]
             results["overhead"].append(o)
             print(f"router overhead ({policy}, 1 engine, {args.sessions} sessions, median of {o['rounds']}): "
                   f"TTFT p50 {1e3 * o['ttft_p50_added']:+.1f} ms, p99 {1e3 * o['ttft_p99_added']:+.1f} ms "
@@ -472,7 +536,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{1e3 * w['own_p99']:.3f} ms; waiting on renders p50 {1e3 * w['render_p50']:.3f} ms, p99 "
                       f"{1e3 * w['render_p99']:.3f} ms (per round p50 "
                       f"{', '.join(f'{1e3 * x:.3f}' for x in w['added_p50_per_round'])}; p99 "
-                      f"{', '.join(f'{1e3 * x:.3f}' for x in w['added_p99_per_round'])})", flush=True)
+                      f"{', '.join(f'{1e3 * x:.3f}' for x in w['added_p99_per_round'])}); every round's "
+                      f"requests together p50 {1e3 * w['added_pooled_p50']:.3f} ms, p99 "
+                      f"{1e3 * w['added_pooled_p99']:.3f} ms", flush=True)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

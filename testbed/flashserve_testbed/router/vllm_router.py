@@ -16,12 +16,14 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Literal
 from urllib.parse import urlsplit
 
+from flashserve.facts import router as router_facts
 from flashserve_testbed.localcluster.procs import end
 
 VERSION = "0.1.17"
@@ -32,7 +34,7 @@ POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", 
             "sticky_least_loaded")
 Policy = Literal["random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
                  "sticky_least_loaded"]
-LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+LogLevel = Literal[router_facts.LOG_LEVELS]  # type: ignore[valid-type]  # set through RUST_LOG
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # its tracing output colours even when written to a file
 
 
@@ -120,9 +122,11 @@ class RouterOptions:
     max_concurrent_requests: int | None = None
     """Requests in flight before it queues [32768]."""
     log_level: LogLevel = "info"
-    """Its log level; `debug` logs each routing decision (the consistent_hash key among them)."""
+    """Its log level, set in RUST_LOG (router_facts.LOG_ENV: its --log-level ignores `warning`); `info` logs
+    each consistent_hash routing decision with its session key, `debug` more."""
     extra_args: tuple[str, ...] = field(default_factory=tuple)
-    """Further flags, passed as given (any of `vllm-router --help`); --host and --prometheus-host are refused."""
+    """Further flags, passed as given (any of `vllm-router --help`); --host, --prometheus-host,
+    --service-discovery and --log-level are refused."""
 
     def __post_init__(self) -> None:
         if not self.worker_urls:
@@ -135,6 +139,9 @@ class RouterOptions:
                 raise RouterOptionsError(f"{name}: {value} is not a TCP port: give 1-65535 (free_port() finds one)")
         if self.port == self.prometheus_port:
             raise RouterOptionsError("prometheus_port: equals port: give the metrics their own port")
+        if self.log_level not in router_facts.LOG_LEVELS:
+            raise RouterOptionsError(
+                f"log_level: {self.log_level!r} is not one of {', '.join(router_facts.LOG_LEVELS)}")
         if self.policy not in POLICIES:
             raise RouterOptionsError(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.cache_threshold is not None and not 0.0 <= self.cache_threshold <= 1.0:
@@ -151,9 +158,10 @@ class RouterOptions:
                 raise RouterOptionsError(f"{name}: {value} must be positive")
         for arg in self.extra_args:
             flag = arg.split("=", 1)[0]
-            if flag in ("--host", "--prometheus-host", "--service-discovery"):
+            if flag in ("--host", "--prometheus-host", "--service-discovery", "--log-level"):
                 raise RouterOptionsError(
-                    f"extra_args: {flag} is set by the launcher (127.0.0.1, static worker URLs): leave it out"
+                    f"extra_args: {flag} is set by the launcher (127.0.0.1, static worker URLs, log_level): leave "
+                    "it out"
                 )
 
 
@@ -161,7 +169,7 @@ def argv(opts: RouterOptions, executable: Path | str | None = None) -> list[str]
     """The router's command line for `opts`."""
     cmd = [str(executable or binary()), "--host", HOST, "--port", str(opts.port),
            "--prometheus-host", HOST, "--prometheus-port", str(opts.prometheus_port),
-           "--policy", opts.policy, "--log-level", opts.log_level,
+           "--policy", opts.policy,
            "--worker-urls", *(u.rstrip("/") for u in opts.worker_urls)]
     for name in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "eviction_interval_secs",
                  "max_tree_size", "health_check_interval_secs", "worker_startup_timeout_secs",
@@ -178,11 +186,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_serving(base: str, proc: subprocess.Popen | None, timeout: float,
+                 log_text: Callable[[], str] = lambda: "") -> None:
+    """Until the router at `base` answers /v1/models (it does once its workers passed their health check)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"vllm-router exited {proc.returncode}:\n{log_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(base + "/v1/models", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"vllm-router not ready on {base} after {timeout:g}s:\n{log_text()[-3000:]}")
+
+
 class VllmRouter:
     """One `vllm-router` process; its output goes to `log` (a path) so tests can read what it logged."""
 
-    def __init__(self, opts: RouterOptions, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, opts: RouterOptions, log: Path, env: dict[str, str] | None = None,
+                 cpus: frozenset[int] | None = None) -> None:
+        """`cpus`: the CPUs its process may run on (its threads inherit them; tokio sizes its worker pool from
+        them); None leaves the parent's."""
         self.opts = opts
+        self.cpus = cpus
         self.log_path = Path(log)
         self.base = f"http://{HOST}:{opts.port}"
         self.metrics_url = f"http://{HOST}:{opts.prometheus_port}/metrics"
@@ -195,8 +224,11 @@ class VllmRouter:
         env = {k: v for k, v in (os.environ if self._env is None else self._env).items()
                if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}  # worker traffic stays direct
         env["NO_COLOR"] = "1"
+        env[router_facts.LOG_ENV] = self.opts.log_level
+        cpus = self.cpus
         self.proc = subprocess.Popen(argv(self.opts), stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL,
+                                     preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -205,19 +237,7 @@ class VllmRouter:
         return self
 
     def wait_ready(self, timeout: float) -> None:
-        """Until the router answers /v1/models (it does once its workers passed their health check)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.base + "/v1/models", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"vllm-router not ready on {self.base} after {timeout:g}s:\n{self.log_text()[-3000:]}")
+        wait_serving(self.base, self.proc, timeout, self.log_text)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
