@@ -94,6 +94,8 @@ def _valid_spec(rng: random.Random) -> dict:
                                                                                 "power_of_two", "sticky_least_loaded"]),
                            "replicas": rng.randint(1, 4), "port": 8100, "metricsPort": 29100,
                            "inferencePool": {"enabled": True, **({"endpointPickerRef": picker} if picker else {})}}  # fmt: skip
+        if rng.random() < 0.5:
+            spec["routing"]["resources"] = {"dedicatedCpus": True, "cpu": rng.choice(["2", 4, "16"])}
     return spec
 
 
@@ -154,6 +156,10 @@ def _broken(rng: random.Random, base: dict) -> list[tuple[str, dict]]:
         ("minAboveMaxReplicas", _set(base, "autoscaling", {"minReplicas": rng.randint(3, 9), "maxReplicas": 2})),
         ("resourceQuantity", _set(base, "engine.resources." + rng.choice(["cpu", "memory", "shmSize"]),
                                   rng.choice(["abc", "-1", "0", 0, -4, "1.5.5", "1e", "10Gib", "", "+", "0.0Gi"]))),
+        ("routerResourceQuantity", _set(base, "routing.resources." + rng.choice(["cpu", "memory"]),
+                                        rng.choice(["abc", "-1", "0", 0, "1.5.5", "10Gib", ""]))),
+        ("routerDedicatedCpusWhole", _set(base, "routing.resources", {"dedicatedCpus": True,
+                                                                      "cpu": rng.choice(["1.5", "500m", "2000m", "1e1", "2.0"])})),
         ("routerPortsDiffer", _set(base, "routing", dict.fromkeys(("port", "metricsPort"), rng.choice([8000, 29000])))),
         ("pickerServiceNeedsPort", _set(base, "routing.inferencePool", {"enabled": True, "endpointPickerRef": {
             "name": "epp", **rng.choice([{}, {"kind": "Service"}, {"kind": "Service", "group": ""}])}})),
@@ -220,6 +226,8 @@ _MUTATIONS: dict[str, list] = {
     "routing.cacheAware.cacheThreshold": [0, 0.3, 1, 1.01, -0.1],
     "routing.cacheAware.balanceRelThreshold": [1, 1.5, 0.99],
     "routing.image": ["repo/router:1", "has space", ""],
+    "routing.resources.cpu": ["2", "1.5", 3, "abc"],
+    "routing.resources.dedicatedCpus": [True, False, "yes"],
     "routing.inferencePool.endpointPickerRef": [{"name": "e", "port": {"number": 9002}}, {"name": "e"},
                                                 {"name": "e", "port": {"number": 0}}, {"name": ""}],
     "rollout.drainSeconds": [0, 3600, -1, 3601, "60"],

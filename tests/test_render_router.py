@@ -114,6 +114,14 @@ def test_router_pod_is_locked_down_and_probed_on_its_real_routes():
     assert ann["prometheus.io/port"] == "29000"
 
 
+@pytest.mark.parametrize("cpu", ["2", 2, "16"])
+def test_dedicated_cpus_make_the_router_pod_guaranteed(cpu):
+    """Limits equal to the requests for CPU and memory: the Guaranteed QoS class, the one the kubelet's static
+    CPU manager gives whole cores to."""
+    res = _container(_render({"routing": {"resources": {"cpu": cpu, "dedicatedCpus": True}}}))["resources"]
+    assert res["limits"] == res["requests"] == {"cpu": str(cpu), "memory": "2Gi"}
+
+
 def test_router_rbac_reads_pods_and_nothing_else():
     objs = _render({})
     name = router_name("flash")
@@ -204,6 +212,11 @@ def test_inference_pool_selects_the_serving_engines_on_the_engine_port():
         ({"cacheAware": {"cacheThreshold": 1.5}}, "spec.routing.cacheAware.cacheThreshold", "less than or equal to 1"),
         ({"cacheAware": {"balanceRelThreshold": 0.5}}, "spec.routing.cacheAware.balanceRelThreshold", "greater than"),
         ({"image": "has space"}, "spec.routing.image", "pattern"),
+        ({"resources": {"cpu": "abc"}}, "spec.routing.resources.cpu", "positive Kubernetes quantity"),
+        ({"resources": {"memory": "0"}}, "spec.routing.resources.memory", "not positive"),
+        ({"resources": {"dedicatedCpus": True, "cpu": "1500m"}}, "spec.routing.resources.cpu", "whole number"),
+        ({"resources": {"dedicatedCpus": True, "cpu": "0.5"}}, "spec.routing.resources.cpu", "dedicatedCpus: false"),
+        ({"resources": {"dedicatedCpus": True, "cpu": "2000m"}}, "spec.routing.resources.cpu", "written as digits"),
         ({"inferencePool": {"enabled": True, "endpointPickerRef": {"name": "epp"}}},
          "spec.routing.inferencePool.endpointPickerRef.port", "set port.number"),
         ({"inferencePool": {"endpointPickerRef": {"name": "epp", "kind": "not/a/kind"}}},

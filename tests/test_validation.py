@@ -117,3 +117,16 @@ def test_one_serving_holds_at_most_the_group_ceiling(spec, path):
     assert "256" in errors_of(spec)[path]
     at_ceiling = {k: ({**v, "maxReplicas": 256} if isinstance(v, dict) else 256) for k, v in spec.items()}
     assert parse_spec(at_ceiling)
+
+
+@pytest.mark.parametrize(
+    ("value", "whole"),
+    [(2, True), ("2", True), ("16", True), ("1.5", False), ("500m", False), ("2000m", False), ("2.0", False),
+     ("2e0", False), ("1k", False), ("2\n", False), (True, False)],
+)
+def test_whole_cores_are_digits_as_the_crds_rule_reads_them(value, whole):
+    """The API server's own quantity(x).isInteger() refuses 2000m and admits 1k (checked on a server-side dry
+    run); the rule both sides state is plainer: digits."""
+    from flashserve.api import quantity
+
+    assert quantity.is_whole(value) is whole

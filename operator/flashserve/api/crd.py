@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
-from flashserve.api import kubevalues
+from flashserve.api import kubevalues, quantity
 from flashserve.api import v1alpha1 as api
 from flashserve.facts import engine_choices, vllm_rules
 from flashserve.facts.accelerators import ACCELERATORS
@@ -215,6 +215,13 @@ RULES: dict[str, list[dict[str, str]]] = {
             "rule": "self.port != self.metricsPort",
             "message": "the router's metrics port must differ from its API port: change port or metricsPort",
             "fieldPath": ".metricsPort",
+        },
+    ],
+    "RouterResourcesSpec": [
+        {
+            "rule": f"!self.dedicatedCpus || type(self.cpu) == int || self.cpu.matches('{quantity.WHOLE_RE}')",
+            "message": f"dedicated CPUs are whole cores: set cpu to {quantity.WHOLE_HINT}, or dedicatedCpus: false",
+            "fieldPath": ".cpu",
         },
     ],
     "EndpointPickerRef": [

@@ -34,6 +34,20 @@ def check(value: int | str) -> None:
         raise ValueError(f"{value!r} is not positive: {HINT}")
 
 
+# Whole cores as digits only: the API server's quantity(x).isInteger() is false for 2000m and 2.0 (their
+# parsed form keeps a negative scale) and true for 1k and 1Ki, which no one means for a router's cores; one
+# plain grammar both sides state exactly is harder to get wrong than a copy of apimachinery's parser.
+WHOLE_RE = "^[0-9]+$"
+WHOLE_HINT = "a whole number of cores written as digits, e.g. 2"
+
+
+def is_whole(value: int | str) -> bool:
+    """Whether `value` is a whole number of cores written as digits (WHOLE_RE), as the CRD's rule reads it."""
+    if isinstance(value, int):
+        return not isinstance(value, bool)
+    return re.fullmatch(WHOLE_RE, value) is not None
+
+
 def cel_rules() -> list[dict[str, str]]:
     """The same for the API server (x-kubernetes-validations of the int-or-string field)."""
     return [

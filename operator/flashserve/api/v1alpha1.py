@@ -476,10 +476,15 @@ class CacheAwareSpec(_Model):
 
 class RouterResourcesSpec(_Model):
     cpu: Quantity = "1"
-    """CPU request of each router pod (no CPU limit, so bursts are not throttled)."""
+    """CPU request of each router pod; without dedicatedCpus there is no CPU limit, so bursts use idle cores."""
     memory: Quantity = "2Gi"
     """Memory request and limit of each router pod; cache_aware's prefix trees grow with engines and
     maxTreeSize."""
+    dedicated_cpus: bool = False
+    """true: a CPU limit equal to the request, so the router pods are Guaranteed; on nodes whose kubelet runs
+    the static CPU manager policy each then has whole cores of its own, and no request waits for a core that
+    another pod is using (cpu must then be a whole number). false: no CPU limit, cores shared with the node's
+    other pods."""
 
 
 class EndpointPickerPort(_Model):

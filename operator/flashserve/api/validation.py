@@ -240,6 +240,17 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 FieldError(f"spec.engine.env[{i}].valueFrom", "set exactly one of secretKeyRef or configMapKeyRef")
             )
     routing = spec.routing
+    for key in ("cpu", "memory"):
+        try:
+            quantity.check(getattr(routing.resources, key))
+        except ValueError as exc:
+            errs.append(FieldError(f"spec.routing.resources.{key}", str(exc)))
+            continue
+        if key == "cpu" and routing.resources.dedicated_cpus and not quantity.is_whole(routing.resources.cpu):
+            errs.append(FieldError(
+                "spec.routing.resources.cpu",
+                f"dedicated CPUs are whole cores and {routing.resources.cpu!r} is not: set cpu to "
+                f"{quantity.WHOLE_HINT}, or dedicatedCpus: false"))
     if routing.port == routing.metrics_port:
         errs.append(
             FieldError(

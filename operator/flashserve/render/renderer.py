@@ -397,7 +397,8 @@ def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
         ],
         "resources": {
             "requests": {"cpu": str(res.cpu), "memory": str(res.memory)},
-            "limits": {"memory": str(res.memory)},
+            # equal to the requests, the pod is Guaranteed: what the static CPU manager gives whole cores to
+            "limits": {"memory": str(res.memory), **({"cpu": str(res.cpu)} if res.dedicated_cpus else {})},
         },
         "liveness_path": router_facts.LIVENESS_PATH,
         "readiness_path": router_facts.READINESS_PATH,
