@@ -467,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"routers on CPUs {sorted(args.router_cpus)}, everything else on "
               f"{sorted(available - args.router_cpus)}", flush=True)
     t0 = time.monotonic()
-    results: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": [], "overhead": []}
+    results: dict = {"args": {k: ",".join(map(str, sorted(v))) if k == "router_cpus" and v else str(v)
+                              for k, v in vars(args).items()}, "runs": [], "overhead": []}
     with tempfile.TemporaryDirectory(prefix="bench-vllm-router-") as tmp:
         work = Path(tmp)
         todo = [r for suite in args.suite for r in suite_runs(suite, args)]
