@@ -840,6 +840,19 @@ def test_peak_from_overload_false_does_not_remember_a_deep_overload_window_as_a_
     assert within.state.peaks.peak(2400.0, CFG.peak_window_s) == pytest.approx(6 * CAP, rel=1e-3)
 
 
+def test_peak_requires_empty_queue_remembers_only_windows_without_a_queue():
+    # A queue in the engines says the fleet is short (or draining a backlog): with the option such a window
+    # is not remembered, one with no request waiting is; by default both are.
+    state = _trained(capacity=CAP, until=2400.0)
+    counts = ReplicaCounts(desired=8, ready=8)
+    cfg = replace(CFG, peak_requires_empty_queue=True)
+    queued = run(2400.0, 7 * CAP, counts, state=state, waiting=40.0)
+    assert queued.state.peaks.peak(2400.0, CFG.peak_window_s) > state.peaks.peak(2400.0, CFG.peak_window_s)
+    assert run(2400.0, 7 * CAP, counts, cfg=cfg, state=state, waiting=40.0).state.peaks == state.peaks
+    empty = run(2400.0, 7 * CAP, counts, cfg=cfg, state=state)
+    assert empty.state.peaks.peak(2400.0, CFG.peak_window_s) == pytest.approx(7 * CAP, rel=1e-3)
+
+
 def test_peak_window_max_s_caps_the_peak_memory_in_start_up_times_only():
     # four 20-minute start-ups outlast a crowd and the run; the cap shortens that memory, and an explicit
     # peak_memory_s (scaleDown.peakWindowSeconds) still wins

@@ -195,7 +195,9 @@ def decide_on_metrics(
     est = estimate_capacity(cfg, now, load, state)
     br = find_breaches(cfg, now, load, state)
     est = capacity_under_breach(cfg, load, est, br)
-    demand = plan_demand(cfg, now, load, est.value, state, cfg.peak_from_overload or not est.deep_overload)
+    remember = (cfg.peak_from_overload or not est.deep_overload) and not (cfg.peak_requires_empty_queue
+                                                                          and load.waiting >= 0.5)
+    demand = plan_demand(cfg, now, load, est.value, state, remember)
     wording = describe(cfg, load, est.value, demand)
     if demand.required > base:
         action = scale_up(cfg, now, reps, base, br, demand.required, state, wording,
