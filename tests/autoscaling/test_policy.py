@@ -840,17 +840,21 @@ def test_peak_from_overload_false_does_not_remember_a_deep_overload_window_as_a_
     assert within.state.peaks.peak(2400.0, CFG.peak_window_s) == pytest.approx(6 * CAP, rel=1e-3)
 
 
-def test_peak_requires_empty_queue_remembers_only_windows_without_a_queue():
-    # A queue in the engines says the fleet is short (or draining a backlog): with the option such a window
-    # is not remembered, one with no request waiting is; by default both are.
+def test_peak_queue_max_ratio_remembers_only_windows_whose_queue_is_small():
+    # A queue large against the running requests says the fleet is short (or draining a backlog): with the
+    # option such a window is not remembered, one below the ratio is; by default both are. 0: no queue at all.
     state = _trained(capacity=CAP, until=2400.0)
     counts = ReplicaCounts(desired=8, ready=8)
-    cfg = replace(CFG, peak_requires_empty_queue=True)
-    queued = run(2400.0, 7 * CAP, counts, state=state, waiting=40.0)
+    running = 7 * CAP
+    queued = run(2400.0, running, counts, state=state, waiting=0.2 * running)
     assert queued.state.peaks.peak(2400.0, CFG.peak_window_s) > state.peaks.peak(2400.0, CFG.peak_window_s)
-    assert run(2400.0, 7 * CAP, counts, cfg=cfg, state=state, waiting=40.0).state.peaks == state.peaks
-    empty = run(2400.0, 7 * CAP, counts, cfg=cfg, state=state)
-    assert empty.state.peaks.peak(2400.0, CFG.peak_window_s) == pytest.approx(7 * CAP, rel=1e-3)
+    for ratio, waiting, kept in ((0.1, 0.2 * running, False), (0.1, 0.05 * running, True), (0.0, 1.0, False),
+                                 (0.0, 0.0, True)):
+        d = run(2400.0, running, counts, cfg=replace(CFG, peak_queue_max_ratio=ratio), state=state, waiting=waiting)
+        if kept:
+            assert d.state.peaks.peak(2400.0, CFG.peak_window_s) == pytest.approx(running, rel=1e-3), (ratio, waiting)
+        else:
+            assert d.state.peaks == state.peaks, (ratio, waiting)
 
 
 def test_peak_window_max_s_caps_the_peak_memory_in_start_up_times_only():

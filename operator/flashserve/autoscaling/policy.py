@@ -144,11 +144,12 @@ class PolicyConfig:
     fleet is short, not what the users need; remembered, it holds the replicas a drain took for the whole
     peak memory. Measured on the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on
     large steps, on a bigger train set"."""
-    peak_requires_empty_queue: bool = False
-    """Off by default. True: only windows with no request waiting in the engines are remembered as peaks. A
-    queue says the fleet is short or draining a backlog, so the window measures the fleet, not the users; one
-    whose queue is empty holds what the users asked for. Measured on the train set, not shipped:
-    docs/autoscaling-benchmark.md, "The overshoot on large steps, on a bigger train set"."""
+    peak_queue_max_ratio: float | None = None
+    """Off (None) by default. Only windows with at most this many requests waiting per running request (and
+    half a request more) are remembered as peaks: a queue that large says the fleet is short or draining a
+    backlog, so the window measures the fleet, not the users. 0 remembers only windows with no queue.
+    Measured on the train set, not shipped: docs/autoscaling-benchmark.md, "The overshoot on large steps, on
+    a bigger train set"."""
     overload_demand_at_sla: bool = False
     """Off by default. While users are below the SLA, count the running requests at the SLA speed (running x
     speed / SLA). By Little's law an overloaded fleet holds more requests than the same arrivals would at the

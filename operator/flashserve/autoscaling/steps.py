@@ -195,8 +195,8 @@ def decide_on_metrics(
     est = estimate_capacity(cfg, now, load, state)
     br = find_breaches(cfg, now, load, state)
     est = capacity_under_breach(cfg, load, est, br)
-    remember = (cfg.peak_from_overload or not est.deep_overload) and not (cfg.peak_requires_empty_queue
-                                                                          and load.waiting >= 0.5)
+    remember = (cfg.peak_from_overload or not est.deep_overload) and (
+        cfg.peak_queue_max_ratio is None or load.waiting < cfg.peak_queue_max_ratio * load.running + 0.5)
     demand = plan_demand(cfg, now, load, est.value, state, remember)
     wording = describe(cfg, load, est.value, demand)
     if demand.required > base:
