@@ -177,4 +177,3 @@ def test_every_object_in_the_schema_has_fields_or_a_value_schema():
 
     walk(schema, "")
     assert bare == [] or bare == [".metadata"], bare
-

@@ -83,6 +83,17 @@ def _pod_placement_errors(path: str, tolerations: list, node_selector: dict) -> 
     return errs
 
 
+def _quantity_errors(path: str, values: dict[str, int | str]) -> list[FieldError]:
+    """Each value (by its field name under `path`) that is not a positive Kubernetes quantity."""
+    errs = []
+    for key, value in values.items():
+        try:
+            quantity.check(value)
+        except ValueError as exc:
+            errs.append(FieldError(f"{path}.{key}", str(exc)))
+    return errs
+
+
 def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
     """Rules that relate several fields. Returns every broken rule, not just the first."""
     errs: list[FieldError] = []
@@ -200,11 +211,8 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 "or parallelism.dbo.enabled: false",
             )
         )
-    for key in ("cpu", "memory", "shmSize"):
-        try:
-            quantity.check(getattr(eng.resources, "shm_size" if key == "shmSize" else key))
-        except ValueError as exc:
-            errs.append(FieldError(f"spec.engine.resources.{key}", str(exc)))
+    res = eng.resources
+    errs += _quantity_errors("spec.engine.resources", {"cpu": res.cpu, "memory": res.memory, "shmSize": res.shm_size})
     place = spec.placement
     errs += _pod_placement_errors("spec.placement", place.tolerations, place.node_selector)
     errs += _pod_placement_errors("spec.routing", spec.routing.tolerations, spec.routing.node_selector)
@@ -240,17 +248,14 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 FieldError(f"spec.engine.env[{i}].valueFrom", "set exactly one of secretKeyRef or configMapKeyRef")
             )
     routing = spec.routing
-    for key in ("cpu", "memory"):
-        try:
-            quantity.check(getattr(routing.resources, key))
-        except ValueError as exc:
-            errs.append(FieldError(f"spec.routing.resources.{key}", str(exc)))
-            continue
-        if key == "cpu" and routing.resources.dedicated_cpus and not quantity.is_whole(routing.resources.cpu):
-            errs.append(FieldError(
-                "spec.routing.resources.cpu",
-                f"dedicated CPUs are whole cores and {routing.resources.cpu!r} is not: set cpu to "
-                f"{quantity.WHOLE_HINT}, or dedicatedCpus: false"))
+    rres = routing.resources
+    cpu_errs = _quantity_errors("spec.routing.resources", {"cpu": rres.cpu})
+    errs += cpu_errs + _quantity_errors("spec.routing.resources", {"memory": rres.memory})
+    if rres.dedicated_cpus and not cpu_errs and not quantity.is_whole(rres.cpu):
+        errs.append(FieldError(
+            "spec.routing.resources.cpu",
+            f"dedicated CPUs are whole cores and {rres.cpu!r} is not: set cpu to {quantity.WHOLE_HINT}, or "
+            "dedicatedCpus: false"))
     if routing.port == routing.metrics_port:
         errs.append(
             FieldError(

@@ -195,9 +195,7 @@ def decide_on_metrics(
     est = estimate_capacity(cfg, now, load, state)
     br = find_breaches(cfg, now, load, state)
     est = capacity_under_breach(cfg, load, est, br)
-    remember = (cfg.peak_from_overload or not est.deep_overload) and (
-        cfg.peak_queue_max_ratio is None or load.waiting < cfg.peak_queue_max_ratio * load.running + 0.5)
-    demand = plan_demand(cfg, now, load, est.value, state, remember)
+    demand = plan_demand(cfg, now, load, est.value, state, remembers_peak(cfg, load, est))
     wording = describe(cfg, load, est.value, demand)
     if demand.required > base:
         action = scale_up(cfg, now, reps, base, br, demand.required, state, wording,
@@ -365,6 +363,15 @@ def capacity_under_breach(cfg: PolicyConfig, load: Load, est: CapacityEstimate, 
     return replace(est, local=cap_local, value=cap)
 
 
+def remembers_peak(cfg: PolicyConfig, load: Load, est: CapacityEstimate) -> bool:
+    """Whether this window goes into the peak memory: not a deep overload (unless peak_from_overload), where
+    the engines hold what the fleet can run (a backlog's drain included), and not a queue above
+    peak_queue_max_ratio; both say the fleet is short, not how many users need serving."""
+    if est.deep_overload and not cfg.peak_from_overload:
+        return False
+    return cfg.peak_queue_max_ratio is None or load.waiting < cfg.peak_queue_max_ratio * load.running + 0.5
+
+
 def plan_demand(
     cfg: PolicyConfig, now: float, load: Load, capacity: float, state: PolicyState, remember: bool = True
 ) -> Demand:  # fmt: skip
@@ -377,8 +384,6 @@ def plan_demand(
     # window.
     speed, running = load.speed, load.running
     served_at_sla = running * min(1.0, speed / cfg.sla_tokens_per_s) if speed is not None and speed > 0 else running
-    # Not a deep-overload window unless PolicyConfig.peak_from_overload: the engines hold what the fleet can
-    # run (a backlog's drain included), which says the fleet is short, not how many users need serving.
     held = served_at_sla + load.sessions
     recurrence, gap = state.recurrence, 0.0
     if cfg.peak_recurrence_s is not None:

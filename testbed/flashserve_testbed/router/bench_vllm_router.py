@@ -164,7 +164,7 @@ def one_run(run: Run, args, work: Path, seed: int) -> dict:
                 opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(),
                                      prometheus_port=free_port(), policy=run.policy, extra_args=run.router_args,
                                      log_level=args.router_log_level)
-                routers.append(VllmRouter(opts, d / f"router-{i}.log", cpus=args.router_cpus).start())
+                routers.append(VllmRouter(opts, d / f"router-{i}.log", cpus=args.router_cpu_set).start())
             if run.routers > 1:
                 port = free_port()
                 service = _start_service(port, routers, d / "proxy.log")
@@ -315,7 +315,7 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
         opts = RouterOptions(worker_urls=(eng.url,), port=free_port(), prometheus_port=free_port(),
                              policy=name, log_level=level or args.router_log_level,
                              extra_args=DP_AWARE if ranks else ())
-        with VllmRouter(opts, d / "router.log", cpus=args.router_cpus) as router:
+        with VllmRouter(opts, d / "router.log", cpus=args.router_cpu_set) as router:
             out = {}
             for name, base in (("direct", eng.url + "/v1"), ("routed", router.base + "/v1")):
                 e0, r0 = eng.metrics(), router.metrics()
@@ -460,15 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
     available = os.sched_getaffinity(0)
-    args.router_cpus = router_cpus(args.router_cpus, available)
-    if args.router_cpus:
+    args.router_cpu_set = router_cpus(args.router_cpus, available)
+    if args.router_cpu_set:
         # set before any child starts: engines, tcpdump and the clients' threads inherit the rest
-        os.sched_setaffinity(0, available - args.router_cpus)
-        print(f"routers on CPUs {sorted(args.router_cpus)}, everything else on "
-              f"{sorted(available - args.router_cpus)}", flush=True)
+        os.sched_setaffinity(0, available - args.router_cpu_set)
+        print(f"routers on CPUs {sorted(args.router_cpu_set)}, everything else on "
+              f"{sorted(available - args.router_cpu_set)}", flush=True)
     t0 = time.monotonic()
-    results: dict = {"args": {k: ",".join(map(str, sorted(v))) if k == "router_cpus" and v else str(v)
-                              for k, v in vars(args).items()}, "runs": [], "overhead": []}
+    results: dict = {"args": {k: str(v) for k, v in vars(args).items() if k != "router_cpu_set"}, "runs": [],
+                     "overhead": []}
     with tempfile.TemporaryDirectory(prefix="bench-vllm-router-") as tmp:
         work = Path(tmp)
         todo = [r for suite in args.suite for r in suite_runs(suite, args)]
