@@ -873,3 +873,50 @@ def test_down_delay_max_s_caps_the_scale_down_delay_of_one_start_up_only():
     assert replace(long, down_delay_max_s=600.0).down_delay_s == 600.0
     assert replace(long, down_delay_max_s=600.0, replica_startup_s=300.0).down_delay_s == 300.0
     assert replace(long, down_delay_max_s=600.0, scale_down_delay_s=900.0).down_delay_s == 900.0
+
+
+# ------------------------------------------------------------------------- a breach that refutes the plan
+
+
+def _held_short(steps: int, counts=None, cfg=CFG, speed_at=None, **extra):
+    """A fleet of 2 whose prior is 3x too optimistic: each replica holds 1.25 x the prior's users (past the
+    prior's capacity, so the windows read as deep overload and are not learned from) at a fraction of the
+    SLA, and the router's arrivals (closed-loop users slowed by the overload) say 2 replicas are enough.
+    Evaluated every 15 s; returns the decisions."""
+    counts = counts or ReplicaCounts(desired=2, ready=2)
+    true = speed_at or curve(CAP / 3)
+    state = replace(PolicyState(), sla_met_at=-100.0)  # it met the SLA at low load before the crowd
+    out = []
+    for i in range(steps):
+        d = run(15.0 * i, 2.5 * CAP, counts, cfg=cfg, state=state, speed=true,
+                arrival_rate=_arrivals_for(1.6 * CAP), mean_output_tokens=500.0, **extra)  # fmt: skip
+        out.append(d)
+        state = replace(d.state, last_desired=None)
+    return out
+
+
+def test_a_severe_breach_outlasting_a_settle_time_refutes_a_plan_that_says_enough():
+    ds = _held_short(8)
+    first = ds[0]
+    assert first.readings["speedAtPercentile"] < S.SEVERE_BREACH * CFG.sla_tokens_per_s
+    assert first.readings["required"] == 2 and first.reason == R.HOLD_STABILIZING and first.desired == 2
+    settle = int(CFG.settle_s // 15.0)
+    assert all(d.desired == 2 for d in ds[:settle]), [d.reason for d in ds]
+    d = ds[settle]
+    # sized on the requests in the engines at the learned (prior) capacity, at least one more
+    assert d.reason == R.SLA_BREACH and d.desired == max(3, math.ceil(2.5 - 1e-9)) and d.apply
+    assert "the plan said were enough" in d.message
+
+
+def test_a_refuted_plan_waits_for_what_is_starting():
+    # a replica on its way: its effect is not in the readings yet, so the plan is not refuted
+    ds = _held_short(12, counts=ReplicaCounts(desired=3, ready=2, starting=1))
+    assert all(d.desired == 3 and not d.apply for d in ds), [(d.reason, d.desired) for d in ds]
+
+
+def test_a_marginal_breach_never_refutes_the_plan():
+    # users just below the SLA (above the severe line), with the learned line claiming room: no order on the
+    # stock, however long it lasts (a marginal miss is sized on the window's own point, not the stock)
+    marginal = lambda c: 0.95 * CFG.sla_tokens_per_s  # noqa: E731
+    ds = _held_short(20, speed_at=marginal)
+    assert not any("the plan said were enough" in d.message for d in ds)

@@ -2,7 +2,8 @@
 a frozen value:
 
     read_load -> demand_from_arrivals -> estimate_capacity -> find_breaches -> capacity_under_breach -> plan_demand
-              -> act (scale_up, within overload_wave_limit | hold_on_breach | scale_down) -> sla_state
+              -> breach_outlasts_plan -> act (scale_up, within overload_wave_limit | hold_on_breach | scale_down)
+              -> sla_state
 
 `decide_on_metrics` runs them in that order; policy.decide wraps it with the blind path, min/max and the
 conditions. docs/autoscaling.md explains each rule.
@@ -89,6 +90,9 @@ class Load:
     """The rate window did not straddle a readiness change: the reading may be learned from."""
     arrival_demand: float | None = None
     """Requests the router's arrivals keep running at the SLA speed (Little's law), where known."""
+    stock: float = 0.0
+    """Running + waiting requests + sessions as the engines hold them: `demand` before any estimate of what
+    they would be at the SLA speed."""
 
 
 @dataclass(frozen=True)
@@ -197,11 +201,13 @@ def decide_on_metrics(
     est = capacity_under_breach(cfg, load, est, br)
     demand = plan_demand(cfg, now, load, est.value, state, remembers_peak(cfg, load, est))
     wording = describe(cfg, load, est.value, demand)
+    if demand.required <= base and breach_outlasts_plan(cfg, now, reps, base, br, est, ready_stable_s):
+        demand, wording = size_on_stock(cfg, base, load, est.value, demand, wording)
     if demand.required > base:
         action = scale_up(cfg, now, reps, base, br, demand.required, state, wording,
                           overload_wave_limit(cfg, reps, est.deep_overload))  # fmt: skip
     elif br.any:
-        action = hold_on_breach(reps, base, est, wording)
+        action = hold_on_breach(reps, base, est, wording, cfg.settle_s)
     else:
         action = scale_down(cfg, now, base, est.value, demand, state, wording)
     return Outcome(
@@ -241,6 +247,7 @@ def read_load(cfg: PolicyConfig, m: MetricsSnapshot, ready: int, ready_stable_s:
         waiting=waiting,
         sessions=sessions,
         demand=served + waiting + sessions,
+        stock=running + waiting + sessions,
         # Only ready replicas get traffic.
         concurrency=(m.running_avg if m.running_avg is not None else running) / ready,
         concurrency_now=running / ready,
@@ -403,6 +410,39 @@ def plan_demand(
     )
 
 
+def breach_outlasts_plan(
+    cfg: PolicyConfig, now: float, reps: ReplicaCounts, base: int, br: Breaches, est: CapacityEstimate,
+    ready_stable_s: float,
+) -> bool:  # fmt: skip
+    """Users far below the SLA for a settle time, at a fleet that has served as it is for a settle time, while
+    the plan says that fleet is enough: the plan is refuted. Each guard against buying on an overload's swollen
+    stock (the arrival cap, deep overload not learned from and not sized on a line through its point) is right
+    alone, but together they can hold a fleet short for good: an optimistic capacity prior makes every window
+    past it a "deep overload", and the arrivals of closed-loop users slowed by that overload say the fleet is
+    enough. Nothing may be starting or pending: their effect is not in the readings yet."""
+    return (
+        br.severe
+        and br.since is not None
+        and now - br.since >= cfg.settle_s
+        and est.reachable
+        and reps.ready >= base
+        and reps.starting == 0
+        and reps.pending == 0
+        and ready_stable_s >= cfg.settle_s
+    )
+
+
+def size_on_stock(
+    cfg: PolicyConfig, base: int, load: Load, capacity: float, demand: Demand, wording: Wording
+) -> tuple[Demand, Wording]:  # fmt: skip
+    """A refuted plan: size on the requests the engines hold (not what the arrivals or the SLA speed say they
+    would be) at the learned capacity, and at least one replica more: what users see wins over the model."""
+    required = max(base + 1, replicas_for(load.stock, capacity, cfg.scale_up_utilization))
+    note = (f"; users below {cfg.severe_breach * cfg.sla_tokens_per_s:g} tok/s for over {cfg.settle_s:.0f}s at "
+            f"{base} replicas the plan said were enough: sized on the {load.stock:.0f} requests in the engines")  # fmt: skip
+    return replace(demand, required=required), replace(wording, load=wording.load + note)
+
+
 def replicas_for(demand: float, capacity: float, utilization: float) -> int:
     return math.ceil(demand / (capacity * utilization) - 1e-9) if demand > 0 else 0
 
@@ -452,14 +492,15 @@ def scale_up(
     return Action(target, reason, wording.say(f"{base} -> {min(target, cfg.max_replicas)}"))
 
 
-def hold_on_breach(reps: ReplicaCounts, base: int, est: CapacityEstimate, wording: Wording) -> Action:
+def hold_on_breach(reps: ReplicaCounts, base: int, est: CapacityEstimate, wording: Wording, settle_s: float) -> Action:
     """A breach with enough replicas ordered: nothing to add, and no surplus either."""
     if not est.reachable:
         return Action(base, HOLD_SLA_UNREACHABLE,
                       f"{wording.speed}; even an idle replica misses the SLA by the fitted curve; more replicas won't help")  # fmt: skip
     if reps.starting > 0 or reps.ready < base:
         return Action(base, HOLD_STARTING, wording.say(f"{base - reps.ready} replica group(s) still starting"))
-    return Action(base, HOLD_STABILIZING, wording.say("confirming the breach before sizing it"))
+    return Action(base, HOLD_STABILIZING, wording.say(
+        f"the plan says {base} suffice: holding unless users stay far below the SLA for {settle_s:.0f}s"))
 
 
 def scale_down(

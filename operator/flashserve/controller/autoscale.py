@@ -144,6 +144,12 @@ class Autoscaler:
         else:
             snapshot, error = None, "no Prometheus: set spec.autoscaling.prometheusUrl or the operator's --prometheus-url"
         d = decide(PolicyInputs(now, snapshot, counts, cfg, error, startups=startup_samples(body)), st.policy)
+        if st.decision is None or (st.decision.reason, st.decision.desired) != (d.reason, d.desired):
+            # Why it holds is as much an answer as why it scaled: logged when the reason changes, not per
+            # evaluation (the module logger: kopf's per-object one would post an Event for each).
+            log.info("%s/%s: %s (%d -> %d): %s", namespace, name, d.reason, d.current, d.desired, d.message)
+        log.debug("%s/%s: %s (%d -> %d): %s; readings %s", namespace, name, d.reason, d.current, d.desired, d.message,
+                  d.readings)
         st.policy, st.decision = d.state, d
         st.conditions = list(d.conditions)
         self.decisions[(namespace, name, d.reason)] += 1
