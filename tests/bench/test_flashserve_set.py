@@ -164,3 +164,15 @@ def test_cli_heldout_hands_the_set_policy_to_the_protocol(monkeypatch, calib, ca
     assert cli.main(["autoscale", "--heldout", "--quiet", "--no-plots", "--flashserve-set", "scale_up_utilization=0.9"]) == 0
     assert seen["ours"].overrides == (("scale_up_utilization", 0.9),)
     assert "| flashserve@scale_up_utilization=0.9 | 97.0% / 1.30 |" in capsys.readouterr().out
+
+
+def test_startups_none_means_no_sweep_and_a_bad_value_names_the_flag(capsys):
+    assert cli.parse_startups(None) is None
+    assert cli.parse_startups(["none"]) == []
+    assert cli.parse_startups([]) == []
+    assert cli.parse_startups(["30", "1200"]) == [30.0, 1200.0]
+    for bad in (["soon"], ["0"], ["-5"], ["inf"], ["none", "30"]):
+        with pytest.raises(ValueError, match="--startups"):
+            cli.parse_startups(bad)
+    assert cli.main(["autoscale", "--quick", "--startups", "soon", "--quiet"]) == 2
+    assert "--startups: 'soon'" in capsys.readouterr().err

@@ -37,6 +37,23 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def parse_startups(values: list[str] | None) -> list[float] | None:
+    """--startups: None (not given: the default sweep), [] (`none` or no value: no sweep), or seconds > 0."""
+    if values is None or values == ["none"]:
+        return None if values is None else []
+    out = []
+    for v in values:
+        try:
+            seconds = float(v)
+        except ValueError:
+            seconds = float("nan")
+        if not (seconds > 0 and seconds != float("inf")):
+            raise ValueError(f"--startups: {v!r} is not a start-up time; give seconds > 0 (e.g. 30 120 1200) "
+                             "or `none` for no start-up sweep")
+        out.append(seconds)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -102,9 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sweep", action="store_true", help="skip the knob sweeps")
     p.add_argument("--sweep-scenarios", nargs="+", metavar="NAME",
                    help="scenarios of the knob sweeps, on the first seed (default: the first scenario)")
-    p.add_argument("--startups", type=float, nargs="*", metavar="SECONDS",
+    p.add_argument("--startups", nargs="*", metavar="SECONDS",
                    help="median start-up times of the start-up sweep, run on every seed (default 30 120 1200 "
-                   "besides the profile's; runs with --no-sweep too when given; none: no start-up sweep)")
+                   "besides the profile's; runs with --no-sweep too when given; `none` or no value: no start-up "
+                   "sweep)")
     p.add_argument("--startup-model", choices=STARTUP_MODELS, default="lognormal",
                    help="where replica start-ups come from: lognormal (default, the published tables: the profile's "
                    "cold-only lognormal), or the start-up model by phase with cold (no cache), cached-node (a "
@@ -169,6 +187,11 @@ def autoscale(argv: list[str]) -> int:
     progress = None if args.quiet else _progress
     try:
         args.overrides = parse_overrides(args.flashserve_set)
+    except ValueError as exc:
+        print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
+        return 2
+    try:
+        args.startups = parse_startups(args.startups)
     except ValueError as exc:
         print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
         return 2
