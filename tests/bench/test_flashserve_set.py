@@ -3,6 +3,8 @@ labelled so that settings never mix, and the train-only mode that chooses them w
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from flashserve_testbed.bench import cli, protocol
 from flashserve_testbed.bench.measures import Result
@@ -176,3 +178,21 @@ def test_startups_none_means_no_sweep_and_a_bad_value_names_the_flag(capsys):
             cli.parse_startups(bad)
     assert cli.main(["autoscale", "--quick", "--startups", "soon", "--quiet"]) == 2
     assert "--startups: 'soon'" in capsys.readouterr().err
+
+
+def test_a_further_routing_model_keeps_no_bound_and_runs_no_sweep_or_timeline():
+    from flashserve_testbed.bench.runner import Plan
+    from flashserve_testbed.bench.workloads import QUICK_SCENARIO
+
+    spec = PolicySpec("flashserve")
+    name = QUICK_SCENARIO.name
+    plan = Plan(scenarios=[QUICK_SCENARIO], seeds=[1, 2], table=[spec], sweep=[spec], sweep_scenarios=[name],
+                sweep_seeds=[1], startups=[30.0], startup_specs=[spec], startup_scenario=name, startup_seeds=[1],
+                timeline_scenario=name, timeline_seed=1, bound=False)  # fmt: skip
+    assert len(plan.tasks()) > 4  # the first model's plan has the sweep, the start-ups and the timeline
+    again = cli.further_routing(plan, "router-rank")
+    tasks = again.tasks()
+    assert {t.settings.routing for t in tasks} == {"router-rank"}
+    assert len(tasks) == 2 * 2  # per seed: the oracle and the one policy, no bound
+    assert all(t.kind == "table" and not t.settings.timeline for t in tasks)
+    assert len(cli.further_routing(replace(plan, bound=True), "service").tasks()) == 2 * 3

@@ -22,6 +22,10 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flashserve_testbed.bench.runner import Plan
 
 USAGE = """usage: flashserve bench COMMAND [ARGS...]
 
@@ -35,6 +39,13 @@ commands:
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def further_routing(plan: Plan, routing: str) -> Plan:
+    """The table's runs again under another routing model: the oracle, the bound unless --no-bound, the
+    policies; no sweeps and no timeline (those run once, under the first model)."""
+    return replace(plan, settings=replace(plan.settings, routing=routing), sweep=[], startups=[],
+                   timeline_scenario=None, timeline_seed=None)
 
 
 def parse_startups(values: list[str] | None) -> list[float] | None:
@@ -283,6 +294,7 @@ def autoscale(argv: list[str]) -> int:
             plan.startup_scenario = scenarios[0].name
             plan.startup_seeds = list(seeds)
     t0 = time.monotonic()
+    further = [further_routing(plan, r) for r in routings[1:]]
     if progress:
         progress(f"calibrating {profile.name}: steady-state load test of one engine ...")
     calib = calibrate(profile, args.sla, quick=args.quick, progress=progress)
@@ -290,15 +302,14 @@ def autoscale(argv: list[str]) -> int:
         progress(f"SLA capacity: {calib.capacity_per_replica:.0f} concurrent requests per replica "
                  f"({calib.capacity_per_rank:.1f} per GPU) at {calib.target_attainment:.0%} token-weighted "
                  f"attainment of {args.sla:g} tok/s; "
-                 f"{len(plan.tasks()) + (len(routings) - 1) * len(scenarios) * len(seeds) * (len(table) + 1)} runs")  # fmt: skip
+                 f"{sum(len(p.tasks()) for p in [plan, *further])} runs")  # fmt: skip
     curve = None
     if args.engine == "fluid":
         from flashserve_testbed.bench.fluid import build_curve
 
         curve = build_curve(profile, args.sla, progress=progress)
     results = execute(plan, profile, calib, jobs=max(1, args.jobs), progress=progress, curve=curve)
-    for routing in routings[1:]:  # the table's runs again under each further routing model (no sweeps)
-        again = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=replace(settings, routing=routing))
+    for again in further:
         results += execute(again, profile, calib, jobs=max(1, args.jobs), progress=progress, curve=curve)
     if args.decision_log:
         _write_decisions(Path(args.decision_log), results)
