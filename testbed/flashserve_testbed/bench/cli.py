@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -50,15 +51,17 @@ def further_routing(plan: Plan, routing: str) -> Plan:
 
 def parse_startups(values: list[str] | None) -> list[float] | None:
     """--startups: None (not given: the default sweep), [] (`none` or no value: no sweep), or seconds > 0."""
-    if values is None or values == ["none"]:
-        return None if values is None else []
+    if values is None:
+        return None
+    if values == ["none"]:
+        return []
     out = []
     for v in values:
         try:
             seconds = float(v)
         except ValueError:
-            seconds = float("nan")
-        if not (seconds > 0 and seconds != float("inf")):
+            seconds = math.nan
+        if not (seconds > 0 and math.isfinite(seconds)):
             raise ValueError(f"--startups: {v!r} is not a start-up time; give seconds > 0 (e.g. 30 120 1200) "
                              "or `none` for no start-up sweep")
         out.append(seconds)
@@ -198,10 +201,6 @@ def autoscale(argv: list[str]) -> int:
     progress = None if args.quiet else _progress
     try:
         args.overrides = parse_overrides(args.flashserve_set)
-    except ValueError as exc:
-        print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
-        return 2
-    try:
         args.startups = parse_startups(args.startups)
     except ValueError as exc:
         print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
