@@ -139,9 +139,9 @@ def test_cli_train_only_runs_the_set_policy_on_the_train_set_alone(monkeypatch, 
     monkeypatch.setattr(fluid, "build_curve", lambda *a, **k: None)
     monkeypatch.setattr(protocol, "run_train", run_train)
     monkeypatch.setattr(protocol, "run", no_test_set)
-    out = tmp_path / "t.json"
+    out, csv_path = tmp_path / "t.json", tmp_path / "t.csv"
     assert cli.main(["autoscale", "--heldout", "--train-only", "--families", "step", "--quiet", "--json", str(out),
-                     "--flashserve-set", "peak_window_startups=2"]) == 0  # fmt: skip
+                     "--csv", str(csv_path), "--flashserve-set", "peak_window_startups=2"]) == 0  # fmt: skip
     assert seen["fams"] == ["step"] and seen["n_train"] == 2
     assert seen["ours"].label == "flashserve@peak_window_startups=2"
     assert "| flashserve@peak_window_startups=2 | 93.00% / 1.300 | 93.00% / 1.300 |" in capsys.readouterr().out
@@ -149,6 +149,9 @@ def test_cli_train_only_runs_the_set_policy_on_the_train_set_alone(monkeypatch, 
 
     got = json.loads(out.read_text())
     assert got["setting"] == "flashserve@peak_window_startups=2" and got["train"]["all"]["runs"] == 2
+    # --csv holds every train run, one row each (it was ignored in this mode)
+    rows = csv_path.read_text().splitlines()
+    assert len(rows) == 3 and all(",step-100" in r for r in rows[1:])
 
 
 def test_cli_heldout_hands_the_set_policy_to_the_protocol(monkeypatch, calib, capsys):

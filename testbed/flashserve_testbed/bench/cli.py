@@ -429,6 +429,8 @@ def _train_only(args, profile, calib, settings, fams, curve, progress, ours, t0)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         report.write_csv(train, out / "results.csv")
+    if args.csv:
+        report.write_csv(train, Path(args.csv))
     if args.json:
         med = protocol.train_medians(train, ours.label)
         Path(args.json).write_text(json.dumps({"setting": ours.label, "train": {
