@@ -28,10 +28,10 @@ def test_speed_is_tokens_after_the_first_over_decode_time():
     assert rec(0, 0.5, 1.5, 50, error="x").speed() is None
 
 
-def test_percentiles_interpolate_linearly():
+def test_percentiles_are_nearest_rank_values_a_request_saw():
     values = [1.0, 2.0, 3.0, 4.0]
-    assert percentile(values, 50) == 2.5 and percentile(values, 0) == 1 and percentile(values, 100) == 4
-    assert percentile(values, 10) == pytest.approx(1.3)
+    assert percentile(values, 50) == 2.0 and percentile(values, 0) == 1 and percentile(values, 100) == 4
+    assert percentile(values, 10) == 1.0 and percentile(values, 51) == 3.0
     assert percentile([], 50) is None
     p = percentiles([5.0])
     assert p["p1"] == p["p99"] == p["mean"] == 5.0
@@ -54,7 +54,7 @@ def test_summary_and_timeseries():
     assert (s["requests"], s["ok"], s["sessions"], s["errors"]) == (3, 2, 2, {"500": 1})
     assert s["output_tokens"] == 202 and s["output_tokens_per_s"] == pytest.approx(50.5)
     assert s["cached_fraction"] == pytest.approx(0.8)
-    assert s["per_user_tokens_per_s"]["p50"] == pytest.approx(75.0)  # 100 and 50 tok/s
+    assert s["per_user_tokens_per_s"]["p50"] == pytest.approx(50.0)  # 100 and 50 tok/s: the lower, by nearest rank
     assert s["sla_attainment"] == pytest.approx(0.5)
     ts = report.timeseries(1.0)
     assert [b["t"] for b in ts] == [0, 1, 2, 3]

@@ -13,6 +13,8 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from flashserve_testbed.quantiles import nearest_rank
+
 # Total cost of ownership per GPU-hour implied by the public DeepSeek-V4.1-Flash figures: 830K tokens/s per GPU
 # (cached + new input + output) at the 100 tok/s SLA and 1.3B tokens per dollar: 830e3 * 3600 / 1.3e9.
 GPU_HOUR_PRICE_USD = 2.30
@@ -146,10 +148,10 @@ def weighted_quantile(pairs: list[tuple[float, int]], q: float) -> float:
 
 
 def quantile(values: list[float], q: float) -> float:
-    if not values:
+    """quantiles.nearest_rank, 0 for no values and inf for a value that never came (a request never answered)."""
+    v = nearest_rank(values, q)
+    if v is None:
         return 0.0
-    s = sorted(values)
-    v = s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
     return v if math.isfinite(v) else float("inf")
 
 

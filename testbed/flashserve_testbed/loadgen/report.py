@@ -12,6 +12,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from flashserve_testbed.quantiles import nearest_rank
+
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 
 
@@ -42,12 +44,8 @@ class RequestRecord:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks of sorted `values` (numpy's default)."""
-    if not values:
-        return None
-    pos = (len(values) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+    """The `q` percentile (0-100) of `values` by nearest rank (quantiles.py: a value some request saw)."""
+    return nearest_rank(values, q / 100.0)
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:

@@ -41,6 +41,7 @@ from flashserve.facts import router as router_facts
 
 from flashserve_testbed.loadgen import Workload, run_load
 from flashserve_testbed.localcluster.procs import end
+from flashserve_testbed.quantiles import nearest_rank
 from flashserve_testbed.router import mockfleet as mf
 from flashserve_testbed.router import wiretime
 from flashserve_testbed.router.vllm_router import RouterOptions, VllmRouter, free_port
@@ -422,8 +423,8 @@ def overhead(args, policy: str, rounds: list[dict]) -> dict:
                 "unpaired": sum(w["unpaired"] for w in wire), "dropped": sum(w["dropped"] or 0 for w in wire),
                 "added_p50_per_round": [w["added"]["p50"] for w in wire],
                 # every round's requests together: a p99 of a few hundred requests, not of a round's 35
-                "added_pooled_p50": wiretime.pct(pooled, 0.5),
-                "added_pooled_p99": wiretime.pct(pooled, 0.99),
+                "added_pooled_p50": nearest_rank(pooled, 0.5),
+                "added_pooled_p99": nearest_rank(pooled, 0.99),
                 "added_p99_per_round": [w["added"]["p99"] for w in wire]} if wire else None,
             "rounds_detail": rounds}
 

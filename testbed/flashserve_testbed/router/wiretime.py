@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dpkt
+from flashserve_testbed.quantiles import nearest_rank
 
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
 RENDER_SUFFIX = "/render"
@@ -374,17 +375,9 @@ class WireTimes:
         out: dict = {"requests": len(self.requests), "unpaired": self.unpaired}
         for name in ("added", "own", "render", "inbound", "outbound"):
             xs = [getattr(r, name) for r in self.requests]
-            out[name] = {"p50": statistics.median(xs) if xs else None, "p99": pct(xs, 0.99),
+            out[name] = {"p50": nearest_rank(xs, 0.5), "p99": nearest_rank(xs, 0.99),
                          "mean": statistics.fmean(xs) if xs else None}
         return out
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    """The `q` quantile (0-1) of `xs` by nearest rank, rounding up: of 35 requests the 99th is the slowest."""
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def router_times(exs: list[Exchange], router_ports: Iterable[int], engine_ports: Iterable[int]) -> WireTimes:
