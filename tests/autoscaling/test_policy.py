@@ -262,6 +262,29 @@ def test_scale_down_waits_for_the_delay_then_steps_one_at_a_time():
     assert counts.desired == 1  # min
 
 
+def _releases(cfg, counts):
+    state, t, out = PolicyState(), 0.0, []
+    while t <= cfg.down_delay_s + 20 * cfg.settle_s:
+        d = _quiet(state, t, counts, cfg=cfg)
+        state = d.state
+        if d.apply:
+            out.append(d.desired)
+            counts = ReplicaCounts(desired=d.desired, ready=d.desired)
+        t += cfg.evaluation_interval_s
+    return out
+
+
+def test_release_share_takes_a_share_of_the_surplus_per_step():
+    # 8 replicas, demand for 1: by default one group per settle time; with release_share each step takes that
+    # share of what is left above the need (at least one group), so the fleet comes down geometrically.
+    counts = ReplicaCounts(desired=8, ready=8)
+    assert _releases(CFG, counts) == [7, 6, 5, 4, 3, 2, 1]
+    assert _releases(replace(CFG, release_share=0.5), counts) == [4, 2, 1]
+    assert _releases(replace(CFG, release_share=1.0), counts) == [1]
+    # an explicit scaleDown.step is what the user asked for: the share does not apply
+    assert _releases(replace(CFG, release_share=0.5, scale_down_step=2), counts) == [6, 4, 2, 1]
+
+
 def test_scale_down_step_and_explicit_delay():
     cfg = PolicyConfig(max_replicas=10, scale_down_delay_s=120.0, scale_down_step=2, replica_startup_s=900)
     counts = ReplicaCounts(desired=6, ready=6)

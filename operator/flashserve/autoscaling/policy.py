@@ -94,6 +94,11 @@ class PolicyConfig:
     scale_down_step: int | None = None
     """Groups released per step; None: one, except the first release after a scale-up, which takes the whole
     surplus (the replicas a backlog-sized order bought beyond what demand and the recent peak need)."""
+    release_share: float | None = None
+    """Off (None) by default: mid-release, one group per settle time. A share in (0, 1]: each release after
+    the first takes that share of the surplus (at least one group), so a fleet far above what demand and the
+    recent peak need comes down geometrically rather than one group per settle time. Measured on the train set,
+    not shipped: docs/autoscaling-benchmark.md, "The release, measured"."""
     mode: str = ACTIVE
     prior_capacity: float = prior_users_per_replica(DEFAULT_GPUS_PER_REPLICA, 100.0)
     """Concurrent users per replica at the SLA before any is learned. `from_spec` derives it from the replica's

@@ -515,7 +515,10 @@ def scale_down(
     need = max(need, replicas_for(demand.recent_peak, capacity, cfg.scale_up_utilization))
     extra: Readings = (("requiredForRelease", need), ("recentPeak", rounded(demand.recent_peak)),
                        ("peakMemorySeconds", rounded(demand.peak_window_s)))  # fmt: skip
-    candidate = max(base - (cfg.scale_down_step or 1), cfg.min_replicas, need)
+    step = cfg.scale_down_step or 1
+    if cfg.scale_down_step is None and cfg.release_share is not None and base > need:
+        step = max(1, math.ceil(cfg.release_share * (base - max(need, cfg.min_replicas))))
+    candidate = max(base - step, cfg.min_replicas, need)
     if cfg.scale_down_step is None and state.last_direction > 0 and not state.releasing:
         # The first release since the fleet last grew. A scale-up in overload is sized on running + waiting
         # requests, a stock that slow service swells (each request stays longer, and the queue holds what
