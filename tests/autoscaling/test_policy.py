@@ -285,6 +285,18 @@ def test_release_share_takes_a_share_of_the_surplus_per_step():
     assert _releases(replace(CFG, release_share=0.5, scale_down_step=2), counts) == [6, 4, 2, 1]
 
 
+def test_policy_config_refuses_knobs_out_of_range_by_name():
+    with pytest.raises(ValueError, match=r"scale_up_utilization=0\.0: give a number > 0"):
+        PolicyConfig(scale_up_utilization=0.0)
+    with pytest.raises(ValueError, match=r"peak_window_startups=-3\.0: give a number >= 0"):
+        PolicyConfig(peak_window_startups=-3.0)
+    with pytest.raises(ValueError, match=r"kv_usage_limit=nan"):
+        PolicyConfig(kv_usage_limit=float("nan"))
+    with pytest.raises(ValueError, match="scale_down_utilization=0.95 is above scale_up_utilization=0.9"):
+        PolicyConfig(scale_up_utilization=0.9, scale_down_utilization=0.95)
+    assert PolicyConfig(release_share=None, peak_window_startups=0.0).peak_window_startups == 0.0
+
+
 def test_scale_down_step_and_explicit_delay():
     cfg = PolicyConfig(max_replicas=10, scale_down_delay_s=120.0, scale_down_step=2, replica_startup_s=900)
     counts = ReplicaCounts(desired=6, ready=6)

@@ -74,6 +74,11 @@ def test_cli_refuses_a_bad_field_and_train_only_without_heldout(capsys):
     assert "--flashserve-set bogus: is not a PolicyConfig field" in capsys.readouterr().err
     assert cli.main(["autoscale", "--quick", "--flashserve-set", "scale_up_utilization=x", "--quiet"]) == 2
     assert "scale_up_utilization='x'" in capsys.readouterr().err
+    # a value out of range is refused by name before any run, not met as a division by zero mid-run
+    assert cli.main(["autoscale", "--quick", "--flashserve-set", "scale_up_utilization=0", "--quiet"]) == 2
+    assert "--flashserve-set scale_up_utilization=0.0: give a number > 0" in capsys.readouterr().err
+    assert cli.main(["autoscale", "--quick", "--flashserve-set", "release_share=1.5", "--quiet"]) == 2
+    assert "release_share=1.5: give a number > 0 and <= 1" in capsys.readouterr().err
     assert cli.main(["autoscale", "--train-only", "--quiet"]) == 2
     assert "--train-only is a mode of --heldout" in capsys.readouterr().err
     # decision logs come from the train set only: the test set's decisions are nothing to develop on

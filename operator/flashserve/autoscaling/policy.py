@@ -77,6 +77,31 @@ DEFAULT_GPUS_PER_REPLICA = 4
 RECURRENCE_MARGIN = 1.25
 
 
+_KNOB_RANGES: dict[str, tuple[float, bool, float | None]] = {
+    # field: (lowest, lowest excluded, highest or None)
+    "percentile": (0.0, True, 100.0),
+    "prior_capacity": (0.0, True, None),
+    "prior_low_load_tokens_per_s": (0.0, True, None),
+    "max_metrics_age_s": (0.0, True, None),
+    "scale_up_utilization": (0.0, True, None),
+    "scale_down_utilization": (0.0, True, None),
+    "kv_usage_limit": (0.0, True, 1.0),
+    "capacity_memory_s": (0.0, True, None),
+    "session_weight": (0.0, False, None),
+    "severe_breach": (0.0, True, 1.0),
+    "overload_wave": (0.0, True, None),
+    "release_share": (0.0, True, 1.0),
+    "peak_window_max_s": (0.0, False, None),
+    "down_delay_max_s": (0.0, False, None),
+    "peak_queue_max_ratio": (0.0, False, None),
+    "peak_window_startups": (0.0, False, None),
+    "peak_recurrence_s": (0.0, False, None),
+    "trend_horizon_s": (0.0, False, None),
+    "trend_horizon_startups": (0.0, False, None),
+}
+"""The PolicyConfig knobs the AutoscalingSpec does not expose, and the values each may take."""
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """The AutoscalingSpec, resolved, plus the few knobs the spec does not expose."""
@@ -182,6 +207,22 @@ class PolicyConfig:
     """Replace replica_startup_s, in every horizon that defaults to it, by the start-up time learned from the
     start-ups the serving has had (startup.py); replica_startup_s is then the prior. False: the spec value
     always."""
+
+    def __post_init__(self) -> None:
+        # The spec's fields come through the API server's bounds; the knobs it does not expose are checked
+        # here, so that a bad value (the benchmark's --flashserve-set) is refused by name, not met as a
+        # division by zero mid-run or a rule silently turned off.
+        for name, (lo, lo_open, hi) in _KNOB_RANGES.items():
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if not math.isfinite(v) or v < lo or (lo_open and v == lo) or (hi is not None and v > hi):
+                want = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+                raise ValueError(f"{name}={v!r}: give a number {want}")
+        if self.scale_down_utilization > self.scale_up_utilization:
+            raise ValueError(f"scale_down_utilization={self.scale_down_utilization:g} is above scale_up_utilization="
+                             f"{self.scale_up_utilization:g}: give one at or below it (the band between them is what "
+                             "keeps steady load from flapping)")  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, gpus_per_replica: int | None = None, **overrides: object) -> PolicyConfig:

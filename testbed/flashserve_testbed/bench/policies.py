@@ -227,6 +227,10 @@ def parse_overrides(items: list[str]) -> tuple[tuple[str, object], ...]:
         if name in out:
             raise ValueError(f"--flashserve-set {name}: given twice")
         out[name] = value
+    try:
+        PolicyConfig(**out)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ValueError(f"--flashserve-set {exc}") from None
     return tuple(sorted(out.items()))
 
 
