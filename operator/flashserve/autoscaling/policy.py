@@ -99,7 +99,8 @@ _KNOB_RANGES: dict[str, tuple[float, bool, float | None]] = {
     "trend_horizon_s": (0.0, False, None),
     "trend_horizon_startups": (0.0, False, None),
 }
-"""The PolicyConfig knobs the AutoscalingSpec does not expose, and the values each may take."""
+"""The values each PolicyConfig knob may take: those the AutoscalingSpec does not expose, and the SLA percentile
+again, which the benchmark's --flashserve-set can set past the API server's bounds."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dpkt
+
 from flashserve_testbed.quantiles import nearest_rank
 
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
