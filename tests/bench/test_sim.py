@@ -166,7 +166,8 @@ def test_cli_quick_json_schema(tmp_path):
     assert rc == 0
     (log,) = (tmp_path / "log").iterdir()
     first = json.loads(log.read_text().splitlines()[0])
-    assert log.name.startswith("quick-flash-seed1-flashserve") and first["t"] >= 0
+    assert log.name.startswith("quick-flash-seed1-flashserve") and log.name.endswith("-affinity.jsonl")
+    assert first["t"] >= 0
     assert {"reason", "desired", "readings"} <= first.keys()
     recs = json.loads(out.read_text())
     assert [r["policy"] for r in recs] == ["oracle", "bound", "flashserve", "hpa"]
@@ -223,3 +224,18 @@ def test_the_router_counts_arrivals_only_where_there_is_a_router(tiny, profile, 
     assert sim.arrivals >= res.requests
     # the other half of the arrival-based demand: output tokens per finished request, from the engines
     assert [d["readings"].get("meanOutputTokens") for d in res.decisions][-1] > 1
+
+
+def test_decision_logs_of_runs_under_two_routings_are_two_files(tmp_path):
+    from types import SimpleNamespace
+
+    def res(routing):
+        return SimpleNamespace(scenario="flash-crowd", seed=1, policy="flashserve", startup_median_s=420.0,
+                               routing=routing, decisions=[{"t": 0.0, "routing": routing}])  # fmt: skip
+
+    cli._write_decisions(tmp_path, [res("router-rank"), res("affinity"), res("affinity")])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["flash-crowd-seed1-flashserve-startup420-affinity-2.jsonl",
+                     "flash-crowd-seed1-flashserve-startup420-affinity.jsonl",
+                     "flash-crowd-seed1-flashserve-startup420-router-rank.jsonl"]  # fmt: skip
+    assert json.loads((tmp_path / names[2]).read_text())["routing"] == "router-rank"

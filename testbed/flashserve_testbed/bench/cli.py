@@ -450,9 +450,13 @@ def _write_out_dir(out: Path, recs, results, scenarios, seeds, calib, settings, 
 
 def _write_decisions(folder: Path, results) -> None:
     folder.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, int] = {}
     for r in results:
         if r.decisions:
-            name = f"{r.scenario}-seed{r.seed}-{r.policy}-startup{int(r.startup_median_s or 0)}.jsonl"
+            stem = f"{r.scenario}-seed{r.seed}-{r.policy}-startup{int(r.startup_median_s or 0)}-{r.routing}"
+            # runs that differ only in what the name leaves out (a start-up model, say) keep a file each
+            seen[stem] = seen.get(stem, 0) + 1
+            name = stem + (f"-{seen[stem]}" if seen[stem] > 1 else "") + ".jsonl"
             with open(folder / name, "w", encoding="utf-8") as fh:
                 for d in r.decisions:
                     fh.write(json.dumps(d, separators=(",", ":")) + "\n")
