@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from flashserve_testbed.bench import cli, protocol
 from flashserve_testbed.bench.measures import Result
-from flashserve_testbed.bench.policies import FlashServe, PolicySpec, build, parse_overrides
+from flashserve_testbed.bench.policies import FlashServe, PolicySpec, build, check_flashserve, parse_overrides
 
 from tests.builders import bench_context as context
 
@@ -84,6 +84,25 @@ def test_cli_refuses_a_bad_field_and_train_only_without_heldout(capsys):
     # decision logs come from the train set only: the test set's decisions are nothing to develop on
     assert cli.main(["autoscale", "--heldout", "--decision-log", "/nonexistent", "--quiet"]) == 2
     assert "--heldout --decision-log needs --train-only" in capsys.readouterr().err
+
+
+def test_a_set_field_the_knob_sweep_contradicts_is_refused_before_any_run(monkeypatch, capsys):
+    from flashserve_testbed.bench import calibrate
+
+    def no_run(*a, **k):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(calibrate, "calibrate", no_run)
+    # valid alone (the default scale_up_utilization is 1.0), but the sweep runs scale_up_utilization=0.9
+    argv = ["autoscale", "--scenarios", "agentic-bursty", "--policies", "flashserve", "--startups", "none",
+            "--flashserve-set", "scale_down_utilization=0.95", "--quiet"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "flashserve@u=0.9+scale_down_utilization=0.95" in err
+    assert "scale_down_utilization=0.95 is above scale_up_utilization=0.9" in err and "--no-sweep" in err
+    # without the sweep the same setting runs
+    check = PolicySpec("flashserve", overrides=parse_overrides(["scale_down_utilization=0.95"]))
+    check_flashserve(check)
 
 
 def test_the_protocol_runs_the_set_policy_on_train_and_test(profile):

@@ -182,6 +182,7 @@ def autoscale(argv: list[str]) -> int:
     from flashserve_testbed.bench.policies import (
         FAMILIES,
         PolicySpec,
+        check_flashserve,
         parse_overrides,
         sweep_specs,
         table_specs,
@@ -292,6 +293,14 @@ def autoscale(argv: list[str]) -> int:
             plan.startup_specs = [_ours(PolicySpec(f), args.overrides) for f in fams]
             plan.startup_scenario = scenarios[0].name
             plan.startup_seeds = list(seeds)
+    try:
+        for spec in [*plan.table, *plan.sweep, *plan.startup_specs]:
+            if spec.family == "flashserve":
+                check_flashserve(spec)
+    except ValueError as exc:
+        print(f"flashserve bench autoscale: --flashserve-set with the knob sweep: {exc}; change the set value "
+              "or add --no-sweep", file=sys.stderr)  # fmt: skip
+        return 2
     t0 = time.monotonic()
     further = [further_routing(plan, r) for r in routings[1:]]
     if progress:

@@ -246,6 +246,34 @@ for) and the peak window (scaleDown.peakWindowSeconds, in start-up times: 0 = of
 the benchmark's setting (p95, 1.0, 4 x start-up)."""
 
 
+def flashserve_fields(spec: PolicySpec, startup_s: float) -> tuple[dict[str, object], tuple[str, float] | None]:
+    """The PolicyConfig fields a FlashServe setting runs with (--flashserve-set's, then its swept knob), and
+    the swept knob (None: not a sweep)."""
+    if spec.variant == "tuned":
+        raise ValueError("flashserve is run at its defaults; sweep its knob instead")
+    kw = dict(spec.overrides)
+    if spec.variant != "sweep":
+        return kw, None
+    assert spec.share is not None
+    # peak_startups is relative, so that it follows the start-up time
+    knob = ("peak_memory_s", spec.share * startup_s) if spec.param == "peak_startups" else (spec.param, spec.share)
+    kw[knob[0]] = knob[1]
+    return kw, knob
+
+
+def check_flashserve(spec: PolicySpec) -> None:
+    """Refuse, before any run starts, a FlashServe setting whose fields PolicyConfig refuses together (a swept
+    knob against a --flashserve-set one, e.g. a swept scale_up_utilization below a set scale_down_utilization),
+    rather than in a worker mid-run. ValueError names the setting and the fields."""
+    from flashserve.autoscaling.policy import PolicyConfig
+
+    kw, _ = flashserve_fields(spec, startup_s=420.0)
+    try:
+        PolicyConfig(**kw)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ValueError(f"{spec.label}: {exc}") from None
+
+
 def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float, learn_startup: bool = True) -> Policy:
     """`learn_startup`: FlashServe learns its start-up time from the start-ups it sees (the baselines are
     given `startup_s` and keep it)."""
@@ -253,18 +281,9 @@ def build(spec: PolicySpec, calib: Calibration, startup_s: float, sla: float, le
     cap = calib.capacity_per_replica
     kv_cap = calib.at(calib.capacity_per_rank, "kv_usage")
     if fam == "flashserve":
-        kw = dict(spec.overrides)
+        kw, knob = flashserve_fields(spec, startup_s)
         learn = bool(kw.pop("learn_startup", learn_startup))
-        if var == "sweep":
-            if spec.param == "peak_startups":  # relative, so that it follows the start-up time
-                knob = ("peak_memory_s", share * startup_s)
-            else:
-                knob = (spec.param, share)
-            kw[knob[0]] = knob[1]
-            return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, knob=knob, **kw)
-        if var == "tuned":
-            raise ValueError("flashserve is run at its defaults; sweep its knob instead")
-        return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, **kw)
+        return FlashServe(calib, startup_s, name=spec.label, learn_startup=learn, knob=knob, **kw)
     if fam == "hpa":
         if var == "sweep":
             return hpa.HPA(share * cap, name=spec.label)
