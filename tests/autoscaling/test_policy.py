@@ -285,6 +285,41 @@ def test_release_share_takes_a_share_of_the_surplus_per_step():
     assert _releases(replace(CFG, release_share=0.5, scale_down_step=2), counts) == [6, 4, 2, 1]
 
 
+def _release_path(cfg, load_at, counts, until_s):
+    state, t, out = PolicyState(), 0.0, []
+    while t <= until_s:
+        d = _quiet(state, t, counts, running=load_at(t), cfg=cfg)
+        state = d.state
+        if d.apply:
+            out.append((t, d.desired))
+            counts = ReplicaCounts(desired=d.desired, ready=d.desired)
+        t += cfg.evaluation_interval_s
+    return out
+
+
+def test_release_on_fall_follows_a_fast_decline_and_not_an_expired_peak():
+    assert CFG.release_on_fall  # the default
+    cfg = replace(CFG, peak_memory_s=0.0, scale_down_delay_s=60.0, release_on_fall=False)
+    counts = ReplicaCounts(desired=10, ready=10)
+
+    # demand for 8 replicas' worth falls to 1 over 5 minutes (about two replicas' worth per settle time)
+    def falling(t):
+        return CAP * max(1.0, 8.0 - 7.0 * max(0.0, t - 300.0) / 300.0)
+
+    slow = _release_path(cfg, falling, counts, 1200.0)
+    fast = _release_path(replace(cfg, release_on_fall=True), falling, counts, 1200.0)
+    # one group per settle time lags the decline by minutes; following it, the fleet is at what demand needs
+    # (2 at the release line) a settle time after the decline ends, where one at a time is still at 7
+    assert [n for _, n in slow] == [9, 8, 7, 6, 5, 4, 3, 2]
+    assert fast[-1] == (585.0, 2) and [n for t, n in slow if t <= 585.0][-1] == 7
+    # never below what demand needs: the release is bounded by the need, as before
+    assert all(n >= math.ceil(falling(t) / (CAP * cfg.scale_down_utilization) - 1e-9) for t, n in fast)
+
+    # flat demand (the surplus is not a decline): one group per settle time, as without the knob
+    flat = ReplicaCounts(desired=8, ready=8)
+    assert _releases(replace(cfg, release_on_fall=True), flat) == _releases(cfg, flat) == [7, 6, 5, 4, 3, 2, 1]
+
+
 def test_policy_config_refuses_knobs_out_of_range_by_name():
     with pytest.raises(ValueError, match=r"scale_up_utilization=0\.0: give a number > 0"):
         PolicyConfig(scale_up_utilization=0.0)

@@ -125,6 +125,12 @@ class PolicyConfig:
     the first takes that share of the surplus (at least one group), so a fleet far above what demand and the
     recent peak need comes down geometrically rather than one group per settle time. Measured on the train set,
     not shipped: docs/autoscaling-benchmark.md, "The release, measured"."""
+    release_on_fall: bool = True
+    """On by default. Mid-release, while the demand trend falls by at least one replica's worth per settle
+    time, each release goes down to the need in one step (the peak memory still bounds it): one group per
+    settle time falls behind a decline that fast. With demand flat (the surplus is a peak memory that
+    expired) releases stay one group per settle time. Off: one group per settle time always. Chosen on the
+    train set: docs/autoscaling-benchmark.md, "The release, measured"."""
     mode: str = ACTIVE
     prior_capacity: float = prior_users_per_replica(DEFAULT_GPUS_PER_REPLICA, 100.0)
     """Concurrent users per replica at the SLA before any is learned. `from_spec` derives it from the replica's

@@ -518,6 +518,12 @@ def scale_down(
     step = cfg.scale_down_step or 1
     if cfg.scale_down_step is None and cfg.release_share is not None and base > need:
         step = max(1, math.ceil(cfg.release_share * (base - max(need, cfg.min_replicas))))
+    falling = cfg.scale_down_step is None and cfg.release_on_fall and falling_fast(cfg, demand.trend, capacity)
+    if falling:
+        # One group per settle time hedges a surplus that is a peak memory run out while demand is flat
+        # (bursts that recur come back to a fleet still partly there); a decline this fast is no such hedge,
+        # and one group at a time only pays for the replicas minutes longer. The need still holds the peak.
+        step = max(step, base - max(need, cfg.min_replicas))
     candidate = max(base - step, cfg.min_replicas, need)
     if cfg.scale_down_step is None and state.last_direction > 0 and not state.releasing:
         # The first release since the fleet last grew. A scale-up in overload is sized on running + waiting
@@ -532,10 +538,16 @@ def scale_down(
     wait = cfg.settle_s if state.releasing else cfg.down_delay_s
     lasted = now - since
     if lasted >= wait:
-        return Action(candidate, SURPLUS_RELEASED, wording.say(f"surplus for {lasted:.0f}s, {base} -> {candidate}"),
-                      surplus_since=now, releasing=True, readings=extra)  # fmt: skip
+        why = ", demand falling: down to the need" if falling and base - candidate > 1 else ""
+        tail = f"surplus for {lasted:.0f}s, {base} -> {candidate}{why}"
+        return Action(candidate, SURPLUS_RELEASED, wording.say(tail), surplus_since=now, releasing=True, readings=extra)
     return Action(base, HOLD_SURPLUS, wording.say(f"surplus for {lasted:.0f}s of {wait:.0f}s before release"),
                   surplus_since=since, releasing=state.releasing, readings=extra)  # fmt: skip
+
+
+def falling_fast(cfg: PolicyConfig, trend: DemandTrend, capacity: float) -> bool:
+    """Demand falls by at least one replica's worth (at the release line) per settle time."""
+    return -trend.trend * cfg.settle_s >= capacity * cfg.scale_down_utilization
 
 
 def sla_state(cfg: PolicyConfig, load: Load, br: Breaches, want: int, base: int) -> str:
