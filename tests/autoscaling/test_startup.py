@@ -179,3 +179,6 @@ def test_the_windows_in_start_up_times_scale_with_the_start_up_and_explicit_seco
     assert replace(cfg, replica_startup_s=300.0).peak_window_s == 600.0  # follows the learned start-up
     fixed = replace(cfg, peak_memory_s=90.0, trend_horizon_s=0.0)
     assert (fixed.peak_window_s, fixed.horizon_s) == (90.0, 0.0)
+    # the lead adds to a horizon in start-up times, not to one given in seconds
+    assert replace(cfg, trend_lead_s=60.0).horizon_s == 160.0
+    assert replace(fixed, trend_lead_s=60.0).horizon_s == 0.0

@@ -98,6 +98,7 @@ _KNOB_RANGES: dict[str, tuple[float, bool, float | None]] = {
     "peak_recurrence_s": (0.0, False, None),
     "trend_horizon_s": (0.0, False, None),
     "trend_horizon_startups": (0.0, False, None),
+    "trend_lead_s": (0.0, False, None),
 }
 """The values each PolicyConfig knob may take: those the AutoscalingSpec does not expose, and the SLA percentile
 again, which the benchmark's --flashserve-set can set past the API server's bounds."""
@@ -210,6 +211,10 @@ class PolicyConfig:
     replica_startup_s (what is ordered now serves from then on), 0: no projection."""
     trend_horizon_startups: float = 1.0
     """The trend horizon, in start-up times, while trend_horizon_s is None."""
+    trend_lead_s: float = 0.0
+    """Added to the trend horizon while trend_horizon_s is None: the time from a rise in demand to the order
+    for it (scrapes, the two evaluations an at-risk order is confirmed over), which a short start-up does not
+    cover. Measured on the train set: docs/autoscaling-benchmark.md, "Which constants were chosen on which set"."""
     learn_startup: bool = True
     """Replace replica_startup_s, in every horizon that defaults to it, by the start-up time learned from the
     start-ups the serving has had (startup.py); replica_startup_s is then the prior. False: the spec value
@@ -307,7 +312,7 @@ class PolicyConfig:
     @property
     def horizon_s(self) -> float:
         if self.trend_horizon_s is None:
-            return self.trend_horizon_startups * self.replica_startup_s
+            return self.trend_horizon_startups * self.replica_startup_s + self.trend_lead_s
         return self.trend_horizon_s
 
     def prior(self) -> CapacityPrior:
