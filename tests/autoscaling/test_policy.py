@@ -776,6 +776,26 @@ def _arrivals_for(users: float, out: float = 500.0, cfg: PolicyConfig = CFG) -> 
     return users / (out / (cfg.sla_tokens_per_s * 1.1) + S.ARRIVAL_TTFT_S)
 
 
+OVERLOADED = PolicyState(breach_since=-CFG.metrics_window_s)
+"""Users below the SLA for a metrics window by t=0: the arrival cap applies."""
+
+
+def test_a_fresh_breach_is_sized_on_the_engines_and_capped_only_once_it_lasted_a_window():
+    # A step: the rate window's arrivals still describe the load before it, and slow service has had no
+    # time to swell the stock, so the first orders are sized on the requests in the engines. Once users have
+    # been below the SLA for a window, the arrivals cap the running part.
+    counts = ReplicaCounts(desired=2, ready=2)
+    arrivals = {"arrival_rate": _arrivals_for(2 * CAP), "mean_output_tokens": 500.0}
+    fresh = run(0.0, 5 * CAP, counts, **arrivals)
+    assert fresh.readings["speedAtPercentile"] < S.SEVERE_BREACH * CFG.sla_tokens_per_s
+    assert fresh.readings["demand"] == 5 * CAP and fresh.desired == 5
+    assert fresh.readings["arrivalDemand"] == pytest.approx(2 * CAP, rel=1e-3)  # read, not applied
+    young = run(CFG.metrics_window_s - 15.0, 5 * CAP, counts, state=fresh.state, **arrivals)
+    assert young.readings["demand"] == 5 * CAP
+    late = run(CFG.metrics_window_s, 5 * CAP, counts, state=fresh.state, **arrivals)
+    assert late.readings["demand"] < 5 * CAP
+
+
 def test_a_crowd_swelling_the_engines_orders_what_the_arrivals_need_not_max_replicas():
     # 2 ready replicas hold 5 x CAP running requests at a fraction of the SLA speed: slow service keeps each
     # request longer. The router says the arrivals are what 5.5 x CAP users need at the SLA. Without the
@@ -785,7 +805,7 @@ def test_a_crowd_swelling_the_engines_orders_what_the_arrivals_need_not_max_repl
     d = run(0.0, running, counts)
     assert d.readings["speedAtPercentile"] < 0.5 * CFG.sla_tokens_per_s
     assert d.desired == CFG.max_replicas
-    d = run(0.0, running, counts, arrival_rate=_arrivals_for(5.5 * CAP), mean_output_tokens=500.0)
+    d = run(0.0, running, counts, state=OVERLOADED, arrival_rate=_arrivals_for(5.5 * CAP), mean_output_tokens=500.0)
     assert d.readings["arrivalDemand"] == pytest.approx(5.5 * CAP, rel=1e-3)
     assert d.readings["demand"] == pytest.approx(5.5 * CAP, rel=1e-3)
     assert d.desired == 6 and d.reason == R.SLA_BREACH
@@ -796,7 +816,7 @@ def test_flat_arrivals_hold_the_order_while_the_backlog_keeps_swelling():
     # it grows), the arrivals stay flat. The order stays at what the arrivals need; the trend of the stock is
     # not projected into more.
     counts = ReplicaCounts(desired=2, ready=2)
-    state, rate = PolicyState(), _arrivals_for(5.5 * CAP)
+    state, rate = OVERLOADED, _arrivals_for(5.5 * CAP)
     for i in range(5):
         d = run(15.0 * i, (6 + 2 * i) * CAP, counts, state=state, arrival_rate=rate, mean_output_tokens=500.0)
         state = d.state
@@ -827,7 +847,8 @@ def test_queued_requests_count_as_they_are():
     # A queued request of a closed-loop session sends no next turn until it is served: the arrivals undercount
     # the users behind a queue, so only the running part is sized from them.
     counts = ReplicaCounts(desired=2, ready=2)
-    d = run(0.0, 12 * CAP, counts, waiting=2 * CAP, arrival_rate=_arrivals_for(5.5 * CAP), mean_output_tokens=500.0)
+    d = run(0.0, 12 * CAP, counts, state=OVERLOADED, waiting=2 * CAP, arrival_rate=_arrivals_for(5.5 * CAP),
+            mean_output_tokens=500.0)  # fmt: skip
     assert d.readings["demand"] == pytest.approx(7.5 * CAP, rel=1e-3) and d.desired == 8
 
 
@@ -835,7 +856,7 @@ def test_running_at_the_sla_speed_is_the_floor_of_the_arrival_demand():
     # a window shorter than the requests undercounts their arrivals: the requests running now, counted at the
     # SLA speed, stay in the demand
     counts = ReplicaCounts(desired=2, ready=2)
-    d = run(0.0, 12 * CAP, counts, arrival_rate=0.0, mean_output_tokens=500.0)
+    d = run(0.0, 12 * CAP, counts, state=OVERLOADED, arrival_rate=0.0, mean_output_tokens=500.0)
     speed = d.readings["speedAtPercentile"]
     assert d.readings["demand"] == pytest.approx(12 * CAP * speed / CFG.sla_tokens_per_s, rel=1e-3)
 
@@ -858,8 +879,8 @@ def test_severe_breach_sets_where_the_arrivals_start_to_cap_the_demand():
     assert S.SEVERE_BREACH * CFG.sla_tokens_per_s < speed < CFG.sla_tokens_per_s
     cfg = replace(CFG, severe_breach=speed / CFG.sla_tokens_per_s + 0.01)
     kw = {"arrival_rate": _arrivals_for(1.5 * CAP), "mean_output_tokens": 500.0}
-    assert run(0.0, 2.2 * CAP, counts, **kw).readings["demand"] == plain.readings["demand"]
-    capped = run(0.0, 2.2 * CAP, counts, cfg=cfg, **kw)
+    assert run(0.0, 2.2 * CAP, counts, state=OVERLOADED, **kw).readings["demand"] == plain.readings["demand"]
+    capped = run(0.0, 2.2 * CAP, counts, cfg=cfg, state=OVERLOADED, **kw)
     assert capped.readings["demand"] < plain.readings["demand"]
 
 
@@ -952,10 +973,12 @@ def _held_short(steps: int, counts=None, cfg=CFG, speed_at=None, **extra):
     """A fleet of 2 whose prior is 3x too optimistic: each replica holds 1.25 x the prior's users (past the
     prior's capacity, so the windows read as deep overload and are not learned from) at a fraction of the
     SLA, and the router's arrivals (closed-loop users slowed by the overload) say 2 replicas are enough.
-    Evaluated every 15 s; returns the decisions."""
+    Evaluated every 15 s from when users have been below the SLA for a metrics window (the arrivals cap the
+    demand from then on); returns the decisions."""
     counts = counts or ReplicaCounts(desired=2, ready=2)
     true = speed_at or curve(CAP / 3)
-    state = replace(PolicyState(), sla_met_at=-100.0)  # it met the SLA at low load before the crowd
+    # it met the SLA at low load before the crowd
+    state = replace(OVERLOADED, sla_met_at=-100.0)
     out = []
     for i in range(steps):
         d = run(15.0 * i, 2.5 * CAP, counts, cfg=cfg, state=state, speed=true,
@@ -970,7 +993,7 @@ def test_a_severe_breach_outlasting_a_settle_time_refutes_a_plan_that_says_enoug
     first = ds[0]
     assert first.readings["speedAtPercentile"] < S.SEVERE_BREACH * CFG.sla_tokens_per_s
     assert first.readings["required"] == 2 and first.reason == R.HOLD_STABILIZING and first.desired == 2
-    settle = int(CFG.settle_s // 15.0)
+    settle = int((CFG.settle_s - CFG.metrics_window_s) // 15.0)  # the breach began a window before ds[0]
     assert all(d.desired == 2 for d in ds[:settle]), [d.reason for d in ds]
     d = ds[settle]
     # sized on the requests in the engines at the learned (prior) capacity, at least one more
