@@ -6,8 +6,9 @@ function in virtual time, so nothing here reads a clock, the network or the clus
 In short (docs/autoscaling.md has the long form):
 
 * demand = running + waiting requests (+ agentic sessions between turns when known), planned ahead by its
-  rising trend over the start-up time (trend.py); with the router's arrival rate, the running part is capped
-  at what the arrivals keep running at the SLA (Little's law: steps.demand_from_arrivals);
+  rising trend over the start-up time (trend.py); with the router's arrival rate, once users have been well
+  below the SLA for a metrics window, the running part is capped at what the arrivals keep running at the
+  SLA (Little's law: steps.demand_from_arrivals);
 * capacity = concurrent users one replica serves at the SLA, learned online (capacity.py), and lowered when
   the KV cache rather than speed is the limit;
 * up: when demand exceeds what the replicas already ordered (ready + starting) serve at the SLA, or the SLA
@@ -17,7 +18,8 @@ In short (docs/autoscaling.md has the long form):
   learned from (unless the fleet never met the SLA and the window lies on the learned line: slow at any load);
 * down: one step at a time, only when the replicas left would run at <= 80% of capacity, and only after the
   surplus has lasted scaleDown.delaySeconds (the start-up time by default: a replica is not given up for
-  less than it costs to get back - the ski-rental rule); then one step per settle time while it lasts;
+  less than it costs to get back - the ski-rental rule); then one step per settle time while it lasts, or
+  straight to what is needed while demand falls fast;
   the first release after a scale-up takes the whole surplus at once (a scale-up in overload is sized on a
   backlog and can overshoot); an explicit scaleDown.step is honoured as is;
   never below what the highest demand of the last four start-up times needed (peak.py: a burst shorter than
