@@ -259,7 +259,7 @@ def read_load(cfg: PolicyConfig, m: MetricsSnapshot, ready: int, ready_stable_s:
     )
 
 
-def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load, breach_age_s: float | None = None) -> Load:
+def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load, breach_age_s: float | None) -> Load:
     """Cap the running part of the demand at what the arrivals need, where the router reports them.
 
     Running requests are a stock, and slow service swells it: in overload each request stays longer than at
@@ -290,11 +290,11 @@ def demand_from_arrivals(cfg: PolicyConfig, m: MetricsSnapshot, load: Load, brea
     allowance = cfg.ttft_seconds if cfg.ttft_seconds is not None else ARRIVAL_TTFT_S
     ttft = min(m.ttft_at_percentile_s, allowance) if m.ttft_at_percentile_s is not None else allowance
     at_sla = rate * (out / (sla * ratio) + ttft)
-    if speed is None or speed >= cfg.severe_breach * sla:
-        # Users near the SLA: slow service has not swollen the stock, and the estimate's own error (the
-        # window lags a rise, long requests weigh more in the stock than in the mean) would trim real demand.
-        return replace(load, arrival_demand=at_sla)
-    if breach_age_s is None or breach_age_s < cfg.metrics_window_s:
+    young = breach_age_s is None or breach_age_s < cfg.metrics_window_s
+    if speed is None or speed >= cfg.severe_breach * sla or young:
+        # Users near the SLA, or below it for less than a window: slow service has not swollen the stock, and
+        # the estimate's own error (the window lags a rise, long requests weigh more in the stock than in the
+        # mean) would trim real demand.
         return replace(load, arrival_demand=at_sla)
     served_at_sla = load.running * speed / sla
     running = min(load.demand - load.waiting - load.sessions, max(at_sla, served_at_sla))
@@ -522,15 +522,15 @@ def scale_down(
     need = max(need, replicas_for(demand.recent_peak, capacity, cfg.scale_up_utilization))
     extra: Readings = (("requiredForRelease", need), ("recentPeak", rounded(demand.recent_peak)),
                        ("peakMemorySeconds", rounded(demand.peak_window_s)))  # fmt: skip
-    step = cfg.scale_down_step or 1
-    if cfg.scale_down_step is None and cfg.release_share is not None and base > need:
-        step = max(1, math.ceil(cfg.release_share * (base - max(need, cfg.min_replicas))))
+    step, surplus = cfg.scale_down_step or 1, base - max(need, cfg.min_replicas)
+    if cfg.scale_down_step is None and cfg.release_share is not None and surplus > 0:
+        step = max(1, math.ceil(cfg.release_share * surplus))
     falling = cfg.scale_down_step is None and cfg.release_on_fall and falling_fast(cfg, demand.trend, capacity)
     if falling:
         # One group per settle time hedges a surplus that is a peak memory run out while demand is flat
         # (bursts that recur come back to a fleet still partly there); a decline this fast is no such hedge,
         # and one group at a time only pays for the replicas minutes longer. The need still holds the peak.
-        step = max(step, base - max(need, cfg.min_replicas))
+        step = max(step, surplus)
     candidate = max(base - step, cfg.min_replicas, need)
     if cfg.scale_down_step is None and state.last_direction > 0 and not state.releasing:
         # The first release since the fleet last grew. A scale-up in overload is sized on running + waiting

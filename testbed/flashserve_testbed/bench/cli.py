@@ -294,7 +294,8 @@ def autoscale(argv: list[str]) -> int:
             plan.startup_scenario = scenarios[0].name
             plan.startup_seeds = list(seeds)
     try:
-        for spec in [*plan.table, *plan.sweep, *plan.startup_specs]:
+        # the table's and the start-up sweep's settings are --flashserve-set's alone, checked when parsed
+        for spec in plan.sweep:
             if spec.family == "flashserve":
                 check_flashserve(spec)
     except ValueError as exc:
