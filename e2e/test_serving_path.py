@@ -1,12 +1,14 @@
 """The serving path under load: agentic sessions stream through the operator's router (vllm-router, run by the
 mock runtime, reached at a router pod's IP) while the serving scales down 4 -> 1 and while its one group rolls out
 to a new template through a surge group. No stream may fail, be cut before [DONE], or end short of its tokens:
-groups leave routing, drain, and only then go (docs/drain.md).
+groups leave routing, drain, and only then go (docs/drain.md). Last, a serving whose router asks for cores of its
+own gets one (routing.resources.dedicatedCpus, the runtime playing the kubelet's static CPU manager).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -41,8 +43,9 @@ def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_p
     namespace = fresh_namespace(kube, "e2e-path")
     logs = tmp_path_factory.mktemp("serving-path")
     operator = OperatorProcess(info.kubeconfig, namespace, logs).start()
+    status_port = free_port()
     runtime = start_runtime(info, namespace, logs, "--time-scale", "1", "--startup-seconds", str(STARTUP),
-                            "--status-port", str(free_port()), "--probe-interval", "0.5")
+                            "--status-port", str(status_port), "--probe-interval", "0.5")
     try:
         operator.wait_serving()
         cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
@@ -62,7 +65,7 @@ def path_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_p
         wait_until(routed, 60, interval=1, what="status.router with an available pod and Ready AllReplicasReady")
         router = _dss(kubectl, namespace)["status"]["router"]
         assert "unavailableSince" not in router, f"cleared once a router pod is available: {router}"
-        yield namespace, url, logs, operator
+        yield namespace, url, logs, operator, f"http://127.0.0.1:{status_port}"
     finally:
         stop_runtime(runtime)
         operator.stop()
@@ -113,7 +116,7 @@ def test_the_router_the_operator_renders_sends_a_session_to_one_rank_of_one_pod(
     """routing.dataParallelAware (the default): the real vllm-router, discovering the pods through the API server,
     lists each of the 4 ranks of each of the 4 engine pods as a worker and keeps a session on one of them. At the
     default routing.logLevel (warn) the session key stays out of the router pods' logs."""
-    namespace, url, logs, _ = path_stack
+    namespace, url, logs, _, _ = path_stack
     router_ip = url.split("//", 1)[1].rsplit(":", 1)[0]
     metrics = _get(f"http://{router_ip}:29000/metrics")
     workers = [re.search(r'worker="([^"]+)"', line).group(1) for line in metrics.splitlines()
@@ -152,7 +155,7 @@ def _finish(load: subprocess.Popen, report: Path) -> dict:
 
 
 def test_scale_down_4_to_1_under_load_cuts_no_stream(path_stack, kubectl):
-    namespace, url, logs, operator = path_stack
+    namespace, url, logs, operator, _ = path_stack
     report = logs / "scale-down.json"
     load = _start_load(url, report, 45)
     t0 = time.monotonic()
@@ -172,7 +175,7 @@ def test_scale_down_4_to_1_under_load_cuts_no_stream(path_stack, kubectl):
 
 
 def test_rollout_of_one_group_under_load_keeps_serving(path_stack, kubectl):
-    namespace, url, logs, operator = path_stack
+    namespace, url, logs, operator, _ = path_stack
     wait_until(lambda: len(_statefulsets(kubectl, namespace)) == 1 and _ready_groups(kubectl, namespace) == 1, 150,
                interval=1, what="one ready group")  # fmt: skip
     (before,) = _statefulsets(kubectl, namespace).values()
@@ -200,3 +203,46 @@ def test_rollout_of_one_group_under_load_keeps_serving(path_stack, kubectl):
           f"the edit; readyReplicas seen {sorted(set(ready_seen))}")
     assert summary["ok"] > 20
     assert min(ready_seen) == 1, "the surge group counts for group 0 while it drains and is replaced"
+
+
+def _engines(status: str) -> list[dict]:
+    return json.loads(_get(f"{status}/-/engines"))["engines"]
+
+
+def test_dedicated_cpus_give_the_router_a_core_no_other_pod_runs_on(path_stack, kubectl, router_url):
+    """routing.resources.dedicatedCpus: the operator makes the router pod Guaranteed (the API server's
+    status.qosClass says so), and the runtime, playing the kubelet's static CPU manager, runs that pod's
+    vllm-router on a core of its own and every other pod on the rest; tokio starts one worker for its one core.
+    Deleting the serving gives the core back."""
+    host = sorted(os.sched_getaffinity(0))
+    if len(host) < 2:
+        pytest.skip("the shared pool keeps one core: a core of its own needs two")
+    namespace, _, _, _, status = path_stack
+    name = "cores"
+    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+          "metadata": {"name": name, "namespace": namespace},
+          "spec": {"placement": {"accelerator": "GB200"}, "replicas": 1, "routing": {
+              "replicas": 1, "resources": {"cpu": 1, "memory": "1Gi", "dedicatedCpus": True}}}}  # fmt: skip
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+    try:
+        url = router_url(namespace, name, timeout=120)
+        pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l",
+                                  f"flashserve.io/serving={name},app.kubernetes.io/component=router",
+                                  "-o", "json").stdout)["items"]  # fmt: skip
+        assert [p["status"].get("qosClass") for p in pods] == ["Guaranteed"]
+        router = next(e for e in _engines(status) if e["serving"] == name and e["kind"] == "router")
+        assert router["cpus"] == host[-1:], router
+        others = [e for e in _engines(status) if e["pid"] and e["uid"] != router["uid"]]
+        assert others and all(e["cpus"] == host[:-1] for e in others), [(e["pod"], e["cpus"]) for e in others]
+        threads = list(Path(f"/proc/{router['pid']}/task").iterdir())
+        workers = [t for t in threads if (t / "comm").read_text().strip() == "tokio-rt-worker"]
+        assert len(workers) == 1, [(t / "comm").read_text().strip() for t in threads]
+        body = json.dumps({"model": "deepseek-flash", "prompt": "pinned", "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={
+            "content-type": "application/json", "X-Session-ID": "e2e-cores"})
+        with _LOCAL.open(req, timeout=30) as resp:
+            assert resp.status == 200
+    finally:
+        kubectl("delete", "dss", name, "-n", namespace, "--wait=false")
+    wait_until(lambda: all(e["cpus"] == host for e in _engines(status) if e["pid"] and e["serving"] != name), 90,
+               interval=1, what="the core back in the shared pool")  # fmt: skip

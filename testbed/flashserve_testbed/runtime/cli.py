@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from flashserve_testbed.runtime import cpuset
+
 log = logging.getLogger("flashserve_testbed.runtime")
 
 
@@ -33,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
                    help="caches (default): each start pays the phases (pull, download, load, compile, warm-up) its "
                         "pod's caches do not remove, as earlier start-ups, prefetch and pre-pull pods filled them; "
                         "cold: every start is one draw from the profile, as if there were no cache")
+    p.add_argument("--cpu-manager-policy", choices=cpuset.POLICIES, default="static",
+                   help="static (default), as kubelets of a pool for dedicated router cores run: a Guaranteed pod "
+                        "asking whole cores gets cores of the host its own, the other pods the rest; none: no pinning")
     p.add_argument("--profile", help="engine profile for every pod (default: by the node's GPU and the group size); "
                                       "a pod's own FLASHSERVE_MOCK_PROFILE still wins")
     p.add_argument("--seed", type=int, default=0, help="mixed with each pod's name into FLASHSERVE_MOCK_SEED")
@@ -99,6 +104,7 @@ async def amain(args) -> int:
                             backoff_base=args.restart_backoff),
         namespace=args.namespace, file_sd=file_sd, log_dir=log_dir, any_node=args.any_node,
         api_gone_seconds=args.exit_after_api_gone, startup_model=args.startup_model,
+        cpu_manager_policy=args.cpu_manager_policy,
     )
     runtime = Runtime(api, settings)
     status_server = None

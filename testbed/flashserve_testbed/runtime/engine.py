@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -37,11 +38,12 @@ class ProbeSettings:
 
 class Hooks(Protocol):
     """What an engine needs from the runtime: the API for status patches, an HTTP session for probes, and a
-    callback when what it serves changes (Prometheus targets)."""
+    callback when what it serves changes (Prometheus targets), and the cores a start may run on (None: any)."""
 
     patch: Callable[[str, str, dict], Awaitable[dict | None]]
     http: aiohttp.ClientSession
     changed: Callable[["PodEngine"], None]
+    cpus_for: Callable[["PodEngine"], frozenset[int] | None]
     time_scale: float
     log_dir: Path
 
@@ -52,6 +54,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+def _in_child(cpus: frozenset[int] | None) -> None:
+    _die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # the threads the process starts inherit it
 
 
 def address_free(address: str, port: int) -> bool:
@@ -213,7 +221,8 @@ class PodEngine:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.launch.argv, env=self.launch.env if env is None else env, stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
-                stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True, preexec_fn=_die_with_parent)
+                stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True,
+                preexec_fn=functools.partial(_in_child, self.hooks.cpus_for(self)))
         self.started = time.monotonic()
         self.container_id = f"{CONTAINER_ID_SCHEME}{self.proc.pid}"
         if restarted:

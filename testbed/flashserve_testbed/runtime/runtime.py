@@ -18,7 +18,8 @@ from urllib.parse import quote
 import aiohttp
 
 from flashserve_testbed.localcluster.loopback import NotLoopback, require_loopback
-from flashserve_testbed.runtime import credentials, filesd
+from flashserve_testbed.runtime import cpuset, credentials, filesd
+from flashserve_testbed.runtime.cpuset import CpuManager, NotEnoughCpus
 from flashserve_testbed.runtime.engine import PodEngine, ProbeSettings, StartRefused
 from flashserve_testbed.runtime.kubeapi import ApiError, KubeAPI
 from flashserve_testbed.runtime import startup
@@ -55,6 +56,8 @@ class RuntimeSettings:
     # every start is one draw from the profile, as if no cache existed (the runtime's behaviour before).
     # An explicit start-up (--startup-seconds, the pod annotation or variable) overrides both.
     startup_model: str = startup.MODEL_CACHES
+    # static: Guaranteed pods asking whole cores get cores of their own (runtime/cpuset.py); none: no pinning.
+    cpu_manager_policy: str = "static"
 
 
 def runnable(pod: dict, node: dict | None, any_node: bool = False) -> bool:
@@ -83,6 +86,7 @@ class Runtime:
         self.log_dir = settings.log_dir
         self._targets_dirty = False
         self._closed = False  # after shutdown the target file stays deleted
+        self.cpus = CpuManager(os.sched_getaffinity(0)) if settings.cpu_manager_policy == "static" else None
         self._last_api_ok = time.monotonic()
         if settings.startup_model not in startup.STARTUP_MODELS:
             raise ValueError(f"startup_model {settings.startup_model!r}: choose one of "
@@ -292,13 +296,50 @@ class Runtime:
 
     def _stop(self, engine: PodEngine) -> None:
         """Stop in the background, so one slow engine does not hold up the watch; a pod recreated under the
-        same name waits for it, since it may be given the same address."""
+        same name waits for it, since it may be given the same address. Its own cores return to the shared
+        pool once its process is gone."""
         self.engines.pop(engine.key, None)
         self.cache_use.pop(engine.key, None)
         name = (engine.namespace, engine.name)
         task = asyncio.get_running_loop().create_task(engine.stop())
         self.stopping[name] = task
         task.add_done_callback(lambda t: self.stopping.pop(name, None) if self.stopping.get(name) is t else None)
+        task.add_done_callback(lambda t: self._release_cpus(engine))
+
+    # ------------------------------------------------------------------ cores (the static CPU manager)
+    def cpus_for(self, engine: PodEngine) -> frozenset[int] | None:
+        return None if self.cpus is None else self.cpus.cpus_for(engine.key)
+
+    def _cpu_prepare(self, pod: dict, n: int, then):
+        """Before each start of a container the static policy pins: its cores (the same on a restart), and the
+        other pods' processes off them; a start whose cores are not free is refused, as the kubelet refuses
+        the pod's admission, and retried with the container's back-off."""
+        meta = pod["metadata"]
+
+        async def prepare() -> None:
+            assert self.cpus is not None
+            try:
+                held = self.cpus.allocate(meta["uid"], n)
+            except NotEnoughCpus as e:
+                raise StartRefused(str(e), reason="UnexpectedAdmissionError") from None
+            log.info("%s/%s: cores %s of its own", meta["namespace"], meta["name"], ",".join(map(str, sorted(held))))
+            self._repin_shared()
+            if then is not None:
+                await then()
+
+        return prepare
+
+    def _release_cpus(self, engine: PodEngine) -> None:
+        if self.cpus is not None and self.cpus.release(engine.key):
+            self._repin_shared()
+
+    def _repin_shared(self) -> None:
+        """The pods that hold no cores of their own onto the shared pool as it now is."""
+        assert self.cpus is not None
+        shared = self.cpus.shared
+        for engine in self.engines.values():
+            if engine.pid is not None and engine.key not in self.cpus.held:
+                cpuset.pin_group(engine.pid, shared)
 
     def _credentials_path(self, pod: dict) -> Path:
         base = self.settings.credentials_dir or self.log_dir.parent / "credentials"
@@ -384,9 +425,13 @@ class Runtime:
                 path = self._credentials_path(pod)
                 launch = build_router_launch(pod, self.settings.launch, str(path))
                 prepare = self._router_prepare(pod, path)
+                container = next(c for c in pod["spec"]["containers"] if c.get("name") == launch.container)
             else:
                 launch = build_launch(pod, node, self.settings.launch)
                 container = engine_container(pod)
+            cores = cpuset.whole_cpus(pod, container) if self.cpus is not None else 0
+            if cores:
+                prepare = self._cpu_prepare(pod, cores, prepare)
         except (EnvError, ValueError) as e:
             if meta["uid"] not in self.skipped:
                 self.skipped.add(meta["uid"])

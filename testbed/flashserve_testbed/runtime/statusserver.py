@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from flashserve_testbed.runtime import cpuset
 from flashserve_testbed.runtime.metrics import RuntimeCollector
 
 
@@ -13,8 +14,16 @@ def engines_state(runtime) -> list[dict]:
     return [{"namespace": e.namespace, "pod": e.name, "uid": e.uid, "serving": e.serving, "group": e.group,
              "kind": e.launch.kind, "node": e.node, "url": e.launch.url, "profile": e.launch.profile, "pid": e.pid,
              "state": e.state, "ready": e.healthy, "restarts": e.restarts, "ready_after_s": e.ready_after,
-             "log": str(e.log_path), "startup": e.startup}
+             "log": str(e.log_path), "startup": e.startup, "cpus": _cpus(e.pid)}
             for e in runtime.engines.values()]
+
+
+def _cpus(pid: int | None) -> list[int] | None:
+    """The cores the pod's process may run on (its CPU manager's choice), None while none runs."""
+    try:
+        return cpuset.allowed_cpus(pid) if pid is not None else None
+    except OSError:
+        return None  # exited meanwhile
 
 
 class StatusServer:
