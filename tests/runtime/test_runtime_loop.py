@@ -130,64 +130,58 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _guaranteed(pod: dict, cpu: str) -> dict:
-    """The pod as the API server classes it when its container's limits equal its requests."""
+def _run_guaranteed(tmp_path, ip: str, cpu: str, check, cpus: range | None = None) -> None:
+    """Run the runtime over one pod the API server classed Guaranteed (its container's limits equal its requests,
+    `cpu` cores), on the host's cores or on `cpus`, and `await check(runtime, api)`."""
+    pod = pod_from_sample("gb200-minimal.yaml", ip=ip)
     c = pod["spec"]["containers"][0]
     c["resources"]["requests"]["cpu"] = c["resources"]["limits"]["cpu"] = cpu
     pod["status"]["qosClass"] = "Guaranteed"
-    return pod
+    pod["metadata"]["resourceVersion"] = "1"
+    api = FakeAPI(pod, node("NVIDIA-GB200"))
+    settings = RuntimeSettings(
+        launch=LaunchSettings(engine_bin=default_engine_bin(), time_scale=10, startup_seconds=5, seed=1),
+        probe=ProbeSettings(interval=0.1, backoff_base=1.0), file_sd=None, log_dir=tmp_path / "logs")
+
+    async def scenario():
+        runtime = Runtime(api, settings)
+        if cpus is not None:
+            runtime.cpus = CpuManager(cpus)
+        task = asyncio.ensure_future(runtime.run())
+        try:
+            await check(runtime, api)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
 
 
 def test_a_guaranteed_pod_runs_on_cores_of_its_own_and_gives_them_back(tmp_path):
     host = sorted(os.sched_getaffinity(0))
     if len(host) < 2:
         pytest.skip("the shared pool keeps one core: pinning needs two")
-    pod = _guaranteed(pod_from_sample("gb200-minimal.yaml", ip="127.99.250.8"), "1")
-    pod["metadata"]["resourceVersion"] = "1"
-    api = FakeAPI(pod, node("NVIDIA-GB200"))
-    settings = RuntimeSettings(
-        launch=LaunchSettings(engine_bin=default_engine_bin(), time_scale=10, startup_seconds=5, seed=1),
-        probe=ProbeSettings(interval=0.1, backoff_base=1.0), file_sd=None, log_dir=tmp_path / "logs")
 
-    async def scenario():
-        runtime = Runtime(api, settings)
-        task = asyncio.ensure_future(runtime.run())
-        try:
-            engine = await until(lambda: next(iter(runtime.engines.values()), None))
-            pid = await until(lambda: engine.pid)
-            assert sorted(os.sched_getaffinity(pid)) == host[-1:]
-            assert runtime.cpus.shared == set(host[:-1])
-            await api.events.put({"type": "DELETED", "object": api.pod})
-            await until(lambda: not runtime.cpus.held)
-            assert runtime.cpus.shared == set(host)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    async def check(runtime, api):
+        engine = await until(lambda: next(iter(runtime.engines.values()), None))
+        pid = await until(lambda: engine.pid)
+        assert sorted(os.sched_getaffinity(pid)) == host[-1:]
+        assert runtime.cpus.shared == set(host[:-1])
+        await api.events.put({"type": "DELETED", "object": api.pod})
+        await until(lambda: not runtime.cpus.held)
+        assert runtime.cpus.shared == set(host)
 
-    asyncio.run(scenario())
+    _run_guaranteed(tmp_path, "127.99.250.8", "1", check)
 
 
 def test_a_pod_whose_cores_are_not_free_is_refused_and_not_started(tmp_path):
-    pod = _guaranteed(pod_from_sample("gb200-minimal.yaml", ip="127.99.250.9"), "2000m")
-    pod["metadata"]["resourceVersion"] = "1"
-    api = FakeAPI(pod, node("NVIDIA-GB200"))
-    settings = RuntimeSettings(
-        launch=LaunchSettings(engine_bin=default_engine_bin(), time_scale=10, startup_seconds=5, seed=1),
-        probe=ProbeSettings(interval=0.1, backoff_base=1.0), file_sd=None, log_dir=tmp_path / "logs")
+    async def check(runtime, api):
+        term = await until(lambda: next((cs["state"]["terminated"] for cs in api.pod["status"].get(
+            "containerStatuses") or [] if "terminated" in cs.get("state", {})), None))
+        assert term["reason"] == "UnexpectedAdmissionError"
+        assert "2 asked, 2 shared of 2" in term["message"]
+        engine = next(iter(runtime.engines.values()))
+        assert engine.pid is None and not runtime.cpus.held
 
-    async def scenario():
-        runtime = Runtime(api, settings)
-        runtime.cpus = CpuManager(range(2))  # a 2-core host keeps one core shared: 2 are never free
-        task = asyncio.ensure_future(runtime.run())
-        try:
-            term = await until(lambda: next((cs["state"]["terminated"] for cs in api.pod["status"].get(
-                "containerStatuses") or [] if "terminated" in cs.get("state", {})), None))
-            assert term["reason"] == "UnexpectedAdmissionError"
-            assert "2 asked, 2 shared of 2" in term["message"]
-            engine = next(iter(runtime.engines.values()))
-            assert engine.pid is None and not runtime.cpus.held
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(scenario())
+    # a 2-core host keeps one core shared: 2 are never free
+    _run_guaranteed(tmp_path, "127.99.250.9", "2000m", check, cpus=range(2))
