@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -106,6 +108,33 @@ def test_consistent_hash_keeps_a_session_key_on_one_engine(engines, tmp_path):
         for i in range(6):
             _chat(router.base, f"both {i}", {"X-Session-ID": "session-0"}, {"session_params": {"session_id": f"o{i}"}})
         assert [b - a for a, b in zip(before, _served(engines))][homes["session-0"]] == 6
+    finally:
+        router.stop()
+
+
+def test_sticky_least_loaded_places_new_sessions_by_count_keeps_them_and_expires_idle_ones(engines, tmp_path):
+    """What docs/vllm-router.md says of sticky_least_loaded: a new session goes to the engine with the fewest
+    active sessions (so six new sessions split 3/3, where a hash ring need not), its later turns stay there, and a
+    session idle past VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S is placed again as a new one."""
+    opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(), prometheus_port=free_port(),
+                         policy="sticky_least_loaded", log_level="debug")
+    env = {**os.environ, "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S": "1"}
+    router = VllmRouter(opts, tmp_path / "router-sll.log", env=env).start()
+    try:
+        homes: dict[str, int] = {}
+        for i in range(6):
+            before = _served(engines)
+            _chat(router.base, f"sll-{i} turn 0", {"X-Session-ID": f"sll-{i}"})
+            homes[f"sll-{i}"] = next(k for k, (a, b) in enumerate(zip(before, _served(engines))) if b > a)
+        assert sorted(homes.values()) == [0, 0, 0, 1, 1, 1], homes
+        for key, home in homes.items():
+            before = _served(engines)
+            _chat(router.base, f"{key} turn 1", {"X-Session-ID": key})
+            assert [b - a for a, b in zip(before, _served(engines))][home] == 1, f"{key} left its engine"
+        time.sleep(2.5)
+        _chat(router.base, "sll-0 turn 2", {"X-Session-ID": "sll-0"})
+        log = router.log_path.read_text(errors="replace")
+        assert re.search(r"session 'sll-0' on replica '\S+' expired, reassigning", log), log[-2000:]
     finally:
         router.stop()
 
