@@ -127,7 +127,8 @@ def test_router_moves_sessions_of_a_drained_replica_and_on_scale_up(profile):
 
 
 def test_unknown_routing_is_refused_with_the_choices(profile):
-    with pytest.raises(ValueError, match="routing: 'sticky' is not a routing model: choose service, affinity, router, router-rank, router-pod-vllm"):
+    with pytest.raises(ValueError, match="routing: 'sticky' is not a routing model: choose service, affinity, router, router-rank, "
+                       "router-pod-vllm, router-sticky"):
         Fleet(profile, 100.0, seed=1, routing="sticky")
 
 
@@ -253,3 +254,30 @@ def test_router_pod_vllm_balances_ranks_by_load_only(profile):
         turns[routing] = {f.route_session(s).index for _ in range(4)}
     assert turns["router"] == {0}
     assert turns["router-pod-vllm"] == {0, 1, 2, 3}
+
+
+def test_router_sticky_places_new_sessions_by_count_over_ranks_and_keeps_them_until_their_pod_leaves(profile):
+    """sticky_least_loaded over ranks (docs/vllm-router.md): every rank of 3 pods takes one session before any
+    takes a second, a session's turns keep its rank, one whose pod drains moves to the least-loaded rank left,
+    and an ended session frees its place."""
+    f = Fleet(profile, 100.0, seed=1, routing="router-sticky", all_ranks=True)
+    for _ in range(3):
+        f.order(0.0, ready=True)
+    ranks = 3 * profile.engines_per_replica
+    sessions = [_Session(sid) for sid in range(2 * ranks)]
+    homes = {s.sid: f.route_session(s) for s in sessions}
+    assert Counter((r.group.index, r.index) for r in homes.values()) == Counter(
+        {(g, i): 2 for g in range(3) for i in range(profile.engines_per_replica)})
+    assert all(f.route_session(s) is homes[s.sid] for s in sessions)
+    assert [g.sessions for g in f.active] == [2 * profile.engines_per_replica] * 3
+    drained = f.remove_last(1.0)
+    moved = [s for s in sessions if homes[s.sid].group is drained]
+    after = {s.sid: f.route_session(s) for s in moved}
+    assert all(r.group is not drained for r in after.values())
+    assert max(Counter((r.group.index, r.index) for r in (after | {
+        s.sid: homes[s.sid] for s in sessions if s.sid not in after}).values()).values()) == 3
+    for s in sessions[:2]:
+        f.end_session(s)
+    counts = {(g, i): f.sticky_count.get((g, i), 0) for g in f.ready_list for i in range(profile.engines_per_replica)}
+    new = f.route_session(_Session(1000))
+    assert counts[(new.group, new.index)] == min(counts.values()) == 2

@@ -3,7 +3,7 @@
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
                                [--scenario-file FILE.yaml ...]
-                               [--routing service|affinity|router|router-rank|router-pod-vllm ...]
+                               [--routing service|affinity|router|router-rank|router-pod-vllm|router-sticky ...]
                                [--startup-model lognormal|cold|cached-node|cached-shared]
                                [--startups SECONDS ...] [--spec-startup SECONDS] [--no-startup-learning]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
@@ -165,8 +165,9 @@ def _parser() -> argparse.ArgumentParser:
                    "service (random per request, a plain Service), affinity (session affinity with bounded "
                    "load), router (vllm-router's consistent_hash on X-Session-ID over pods), router-rank (the "
                    "same over each pod's data-parallel ranks: the operator's default, dataParallelAware), "
-                   "router-pod-vllm (router with vLLM's own load-only rank balancer in the pod); sweeps run "
-                   "with the first")
+                   "router-pod-vllm (router with vLLM's own load-only rank balancer in the pod), router-sticky "
+                   "(vllm-router's sticky_least_loaded over ranks: a candidate, not shipped); sweeps run with the "
+                   "first")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--decision-log", metavar="DIR",
                    help="write FlashServe's decisions (reason, readings) per run as JSON lines here")

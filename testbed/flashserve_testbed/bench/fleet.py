@@ -133,6 +133,8 @@ class Fleet:
         self.ring = HashRing()  # the router models: vllm-router's consistent-hash ring over the ready pods' workers
         self.by_worker: dict[str, tuple[Group, int]] = {}  # ring worker -> its group and rank (-1: vLLM picks)
         self.key_hash: dict[int, int] = {}  # session id -> its X-Session-ID's ring position
+        self.sticky_home: dict[int, tuple[Group, int]] = {}  # `router-sticky`: session id -> its (pod, rank)
+        self.sticky_count: dict[tuple[Group, int], int] = {}  # `router-sticky`: sessions per (pod, rank)
         self.engines = engines
         """False: groups get no engine model (the fluid model keeps their state itself)."""
         self.n_ranks = profile.engines_per_replica if all_ranks else 1
@@ -293,6 +295,8 @@ class Fleet:
             return self._route_random(s.block_hashes())
         if self.routing in RING_ROUTINGS:
             return self._route_ring(s)
+        if self.routing == "router-sticky":
+            return self._route_sticky(s)
         return self._route_affinity(s)
 
     def _route_random(self, keys: list[int]) -> Rank | None:
@@ -328,6 +332,27 @@ class Fleet:
             s.replica = g
         return self._ring_rank(worker, s.block_hashes())
 
+    def _route_sticky(self, s) -> Rank | None:
+        """vllm-router's sticky_least_loaded over the ready pods' ranks: a session keeps its (pod, rank) while
+        that pod is ready; a new one, or one whose pod left routing, goes to the rank with the fewest sessions."""
+        if not self.ready_list:
+            return None
+        home = self.sticky_home.get(s.sid)
+        if home is None or home[0].state != READY:
+            if home is not None:
+                self.sticky_count[home] -= 1
+            workers = [(g, i) for g in self.ready_list for i in range(self.profile.engines_per_replica)]
+            home = min(workers, key=lambda w: self.sticky_count.get(w, 0))
+            self.sticky_count[home] = self.sticky_count.get(home, 0) + 1
+            self.sticky_home[s.sid] = home
+        g, rank = home
+        if s.replica is not g:
+            if s.replica is not None:
+                s.replica.sessions -= 1
+            g.sessions += 1
+            s.replica = g
+        return g.ranks[rank if self.n_ranks > 1 else 0]
+
     def _route_affinity(self, s) -> Rank | None:
         """Session affinity with bounded load (consistent hashing with bounded loads): a session stays on its
         replica, where its prefix is cached, unless that replica is draining or carries more than
@@ -350,6 +375,9 @@ class Fleet:
             s.replica.sessions -= 1
             s.replica = None
         self.key_hash.pop(s.sid, None)
+        home = self.sticky_home.pop(s.sid, None)
+        if home is not None:
+            self.sticky_count[home] -= 1
 
     def route_prefix(self, keys: list[int]) -> Rank | None:
         """For trace replay (no session ids): the engine with the longest cached prefix among those within

@@ -17,6 +17,11 @@
   default): the ring's workers are each pod's ranks, `<pod>@<rank>`, and a request goes to its rank.
 * `router-pod-vllm`: `router` with vLLM 0.33's own balancer inside the pod (by load only, no prefix
   preference): what a pod-level router gets from real engines, i.e. `dataParallelAware: false`.
+* `router-sticky`: vllm-router's `sticky_least_loaded` over each pod's ranks (docs/vllm-router.md): a new
+  session goes to the rank with the fewest sessions (ties to the first in worker order) and stays there until
+  its rank leaves routing; nothing moves it for load. Modelled as one router process, or several that a client-IP
+  affinity keeps each session on, and with a session leaving its rank's count when it ends (as
+  `/finish_session` or a short idle expiry would make it). Not what the operator ships: a candidate.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from __future__ import annotations
 import bisect
 from typing import Literal
 
-ROUTINGS = ("service", "affinity", "router", "router-rank", "router-pod-vllm")
-Routing = Literal["service", "affinity", "router", "router-rank", "router-pod-vllm"]
+ROUTINGS = ("service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky")
+Routing = Literal["service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky"]
 RING_ROUTINGS = frozenset({"router", "router-rank", "router-pod-vllm"})
 
 VIRTUAL_NODES = 160
