@@ -272,3 +272,27 @@ def test_the_router_picks_a_rank_of_the_pod_unless_there_is_one_or_it_is_off(spe
     args = _container(_render(spec))["args"]
     flag = router_facts.DP_AWARE_FLAG
     assert (args[args.index(flag) + 1] if flag in args else None) == (None if ranks is None else str(ranks))
+
+
+@pytest.mark.parametrize("policy", router_facts.POLICIES)
+def test_a_policy_with_state_per_router_pod_keeps_each_client_on_one_pod(policy):
+    """cache_aware's prefix tree and sticky_least_loaded's session table live in each router pod: the client
+    Service sends a client to one pod (ClientIP affinity). Stateless policies, and routing off, write None,
+    so that turning a stateful policy off is a change the operator applies."""
+    svc = _client_service(_render({"routing": {"policy": policy}}))["spec"]
+    if policy in ("cache_aware", "sticky_least_loaded"):
+        assert svc["sessionAffinity"] == "ClientIP"
+        assert svc["sessionAffinityConfig"] == {"clientIP": {"timeoutSeconds": 10800}}
+    else:
+        assert svc["sessionAffinity"] == "None" and "sessionAffinityConfig" not in svc
+    off = _client_service(_render({"routing": {"policy": policy, "enabled": False}}))["spec"]
+    assert off["sessionAffinity"] == "None" and "sessionAffinityConfig" not in off
+
+
+def test_turning_a_stateful_policy_off_is_a_change_to_apply():
+    from flashserve.controller.plan import _needs_apply
+
+    sticky = _client_service(_render({"routing": {"policy": "sticky_least_loaded"}}))
+    plain = _client_service(_render({"routing": {"policy": "consistent_hash"}}))
+    assert _needs_apply(plain, sticky) and _needs_apply(sticky, plain)
+    assert not _needs_apply(sticky, sticky)

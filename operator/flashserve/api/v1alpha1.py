@@ -525,9 +525,11 @@ class RoutingSpec(_Model):
     policy: Literal[router_facts.POLICIES] = "consistent_hash"  # type: ignore[valid-type]
     """How the router picks an engine. consistent_hash (default) hashes the session key (X-Session-ID header,
     else X-User-ID, X-Tenant-ID or body session_params.session_id) onto the engines: it keeps no state, so
-    every router replica sends one session to the same engine and its prefix cache. cache_aware keeps a prefix
-    tree per router replica (replicas disagree) and turns on the engines' --enable-scale-out render routes;
-    sticky_least_loaded keeps sessions per replica; power_of_two, round_robin and random ignore sessions."""
+    every router replica sends one session to the same engine and its prefix cache, but the hash balances
+    sessions only as well as the ring's shares. sticky_least_loaded places each new session on the engine with
+    the fewest and keeps it there; cache_aware keeps a prefix tree and turns on the engines' --enable-scale-out
+    render routes. Both keep that state per router replica, so the client Service then sends each client to one
+    router pod (client-IP affinity). power_of_two, round_robin and random ignore sessions."""
     cache_aware: CacheAwareSpec = Field(default_factory=CacheAwareSpec)
     """Knobs of the cache_aware policy."""
     data_parallel_aware: bool = True

@@ -21,6 +21,12 @@ POLICIES: tuple[str, ...] = (
     "random",
     "sticky_least_loaded",
 )
+# Policies that keep state in each router process (cache_aware its prefix tree, sticky_least_loaded its table of
+# sessions): two replicas place one session apart, so the client Service keeps each client on one router pod
+# (client-IP affinity, for as long as kube-proxy's default, 3 hours idle).
+STATEFUL_POLICIES: frozenset[str] = frozenset({"cache_aware", "sticky_least_loaded"})
+CLIENT_AFFINITY_SECONDS = 10800
+
 # Policies that ask every engine to render the prompt (POST /v1/chat/completions/render), which vLLM 0.33
 # serves only with `--enable-scale-out`; without it they answer 403 and the policy routes on load alone.
 RENDERING_POLICIES: frozenset[str] = frozenset({"cache_aware"})

@@ -422,6 +422,8 @@ def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMES
         "labels": labels(name),
         "engine_selector": engine_selector(name),
         "service_selector": router_selector(name) if routing.enabled else serve_selector(name),
+        "client_affinity_seconds": router_facts.CLIENT_AFFINITY_SECONDS
+        if routing.enabled and routing.policy in router_facts.STATEFUL_POLICIES else None,
         "owner": _owner(obj),
         "port": obj.spec.engine.port,
         "nodes": layout(obj.spec).nodes,
