@@ -36,8 +36,9 @@ def parser() -> argparse.ArgumentParser:
                         "pod's caches do not remove, as earlier start-ups, prefetch and pre-pull pods filled them; "
                         "cold: every start is one draw from the profile, as if there were no cache")
     p.add_argument("--cpu-manager-policy", choices=cpuset.POLICIES, default="static",
-                   help="static (default), as kubelets of a pool for dedicated router cores run: a Guaranteed pod "
-                        "asking whole cores gets cores of the host its own, the other pods the rest; none: no pinning")
+                   help="static (default), as the kubelets of a pool for dedicated router cores run: a Guaranteed "
+                        "pod asking whole cores gets that many of the host's cores to itself, the other pods share the "
+                        "rest; none: no pinning")
     p.add_argument("--profile", help="engine profile for every pod (default: by the node's GPU and the group size); "
                                       "a pod's own FLASHSERVE_MOCK_PROFILE still wins")
     p.add_argument("--seed", type=int, default=0, help="mixed with each pod's name into FLASHSERVE_MOCK_SEED")
