@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from flashserve_testbed.runtime.cpuset import CpuManager, NotEnoughCpus, allowed_cpus, pin_group, whole_cpus
+from flashserve_testbed.runtime.cpuset import CpuManager, NotEnoughCpus, allowed_cpus, pin_groups, whole_cpus
 
 
 def _pod(qos: str | None, cpu: str | None) -> tuple[dict, dict]:
@@ -56,10 +56,10 @@ def test_a_running_process_group_moves_onto_its_cores():
                 break
             time.sleep(0.02)
         assert children and allowed_cpus(children[0]) == cpus
-        moved = pin_group(proc.pid, frozenset(cpus[-1:]))
+        moved = pin_groups({proc.pid}, frozenset(cpus[-1:]))
         assert moved >= 2
         assert allowed_cpus(proc.pid) == cpus[-1:] and allowed_cpus(children[0]) == cpus[-1:]
-        pin_group(proc.pid, frozenset(cpus))
+        pin_groups({proc.pid}, frozenset(cpus))
         assert allowed_cpus(children[0]) == cpus
     finally:
         os.killpg(proc.pid, 9)

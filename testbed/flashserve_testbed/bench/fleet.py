@@ -317,19 +317,14 @@ class Fleet:
 
     def _route_ring(self, s) -> Rank | None:
         """vllm-router's consistent_hash on `X-Session-ID: s<sid>` (what the load generator sends): the ring's
-        owner of the key among the ready pods. `s.replica` follows it so that session counts stay right."""
+        owner of the key among the ready pods."""
         if not self.ready_list:
             return None
         h = self.key_hash.get(s.sid)
         if h is None:
             h = self.key_hash[s.sid] = fbi_hash(session_key(f"s{s.sid}"))
         worker = self.ring.lookup_hash(h)
-        g = self.by_worker[worker][0]
-        if s.replica is not g:
-            if s.replica is not None:
-                s.replica.sessions -= 1
-            g.sessions += 1
-            s.replica = g
+        self._follow(s, self.by_worker[worker][0])
         return self._ring_rank(worker, s.block_hashes())
 
     def _route_sticky(self, s) -> Rank | None:
@@ -346,12 +341,17 @@ class Fleet:
             self.sticky_count[home] = self.sticky_count.get(home, 0) + 1
             self.sticky_home[s.sid] = home
         g, rank = home
+        self._follow(s, g)
+        return g.ranks[rank if self.n_ranks > 1 else 0]
+
+    @staticmethod
+    def _follow(s, g: Group) -> None:
+        """`s.replica` follows the router's choice, so that the replicas' session counts stay right."""
         if s.replica is not g:
             if s.replica is not None:
                 s.replica.sessions -= 1
             g.sessions += 1
             s.replica = g
-        return g.ranks[rank if self.n_ranks > 1 else 0]
 
     def _route_affinity(self, s) -> Rank | None:
         """Session affinity with bounded load (consistent hashing with bounded loads): a session stays on its

@@ -66,8 +66,9 @@ class CpuManager:
         return self.held.get(key) or self.shared
 
 
-def process_group(pgid: int, proc: Path = Path("/proc")) -> list[int]:
-    """The processes of a session the runtime started (`start_new_session`: the group is the leader's pid)."""
+def _groups_of(pgids: set[int], proc: Path) -> list[int]:
+    """The processes of the sessions the runtime started (`start_new_session`: a group is its leader's pid),
+    from one pass over /proc."""
     pids = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -78,16 +79,16 @@ def process_group(pgid: int, proc: Path = Path("/proc")) -> list[int]:
             continue  # gone meanwhile
         # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after its last ')'
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
+        if len(fields) > 2 and int(fields[2]) in pgids:
             pids.append(int(entry.name))
     return pids
 
 
-def pin_group(pgid: int, cpus: frozenset[int], proc: Path = Path("/proc")) -> int:
-    """Move every thread of every process in the group onto `cpus` (affinity is per thread, and a running
+def pin_groups(pgids: set[int], cpus: frozenset[int], proc: Path = Path("/proc")) -> int:
+    """Move every thread of every process in the groups onto `cpus` (affinity is per thread, and a running
     process's threads keep theirs); returns the threads moved."""
     moved = 0
-    for pid in process_group(pgid, proc):
+    for pid in _groups_of(pgids, proc) if pgids else []:
         try:
             tids = [int(t.name) for t in (proc / str(pid) / "task").iterdir()]
         except OSError:

@@ -199,6 +199,10 @@ def probe_target(container: dict, default_port: int, where: str) -> tuple[str, i
     return (path if path.startswith("/") else "/" + path), port
 
 
+def router_container(pod: dict) -> dict:
+    return next(c for c in pod["spec"]["containers"] if c.get("name") == ROUTER_CONTAINER)
+
+
 def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str) -> Launch:
     """The router container's own command (vllm-router ...) with `--host <podIP> --prometheus-host <podIP>`
     appended (its launcher is argparse with plain `store` options: the last value wins), and KUBECONFIG set to
@@ -206,7 +210,7 @@ def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str) ->
     meta = pod["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     where = f"pod {ns}/{name}"
-    container = next(c for c in pod["spec"]["containers"] if c.get("name") == ROUTER_CONTAINER)
+    container = router_container(pod)
     resolved = resolve_env(pod, container)
     argv = command_line(container, resolved.env, ROUTER_ENTRYPOINT)
     notes = list(resolved.notes)

@@ -31,6 +31,7 @@ from flashserve_testbed.runtime.launch import (
     choose_profile,
     engine_container,
     is_router_pod,
+    router_container,
 )
 from flashserve_testbed.runtime.podenv import EnvError
 from flashserve_testbed.startup_model import WEIGHTS_HUB, WEIGHTS_SHARED, Figures, figures_for_cold
@@ -336,10 +337,8 @@ class Runtime:
     def _repin_shared(self) -> None:
         """The pods that hold no cores of their own onto the shared pool as it now is."""
         assert self.cpus is not None
-        shared = self.cpus.shared
-        for engine in self.engines.values():
-            if engine.pid is not None and engine.key not in self.cpus.held:
-                cpuset.pin_group(engine.pid, shared)
+        cpuset.pin_groups({e.pid for e in self.engines.values() if e.pid is not None and e.key not in self.cpus.held},
+                          self.cpus.shared)
 
     def _credentials_path(self, pod: dict) -> Path:
         base = self.settings.credentials_dir or self.log_dir.parent / "credentials"
@@ -425,7 +424,7 @@ class Runtime:
                 path = self._credentials_path(pod)
                 launch = build_router_launch(pod, self.settings.launch, str(path))
                 prepare = self._router_prepare(pod, path)
-                container = next(c for c in pod["spec"]["containers"] if c.get("name") == launch.container)
+                container = router_container(pod)
             else:
                 launch = build_launch(pod, node, self.settings.launch)
                 container = engine_container(pod)
