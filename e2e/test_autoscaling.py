@@ -13,6 +13,8 @@ import threading
 import time
 
 import pytest
+from flashserve.autoscaling.policy import PolicyConfig
+from flashserve.autoscaling.steps import replicas_for
 from flashserve_testbed.demo import Stack, Timeline, demo_serving
 
 from e2e.support import wait_until
@@ -50,12 +52,24 @@ def _load_in_thread(stack: Stack, name: str, schedule: str) -> tuple[threading.T
 
     def run() -> None:
         box["t0"] = time.monotonic()
-        box["report"] = asyncio.run(run_load(stack.base_url(name), schedule=schedule, sla=100.0, seed=3,
-                                             workload=Workload.from_profile(stack.profile), drain_seconds=15))  # fmt: skip
+        try:
+            box["report"] = asyncio.run(run_load(stack.base_url(name), schedule=schedule, sla=100.0, seed=3,
+                                                 workload=Workload.from_profile(stack.profile),
+                                                 drain_seconds=15))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the test asserts on the box; a thread's exception would be lost
+            box["error"] = repr(exc)
 
     th = threading.Thread(target=run, daemon=True)
     th.start()
     return th, box
+
+
+def _print_decisions(stack: Stack, name: str) -> None:
+    """The operator's scaling decisions for the serving, shown with a failure (pytest prints captured output)."""
+    log = stack.log_dir / "operator.log"
+    if log.exists():
+        mark = f"controller.autoscale: {stack.namespace}/{name}: "
+        print("".join(line for line in log.read_text(errors="replace").splitlines(True) if mark in line))
 
 
 def test_scale_up_on_breach_recovers_and_releases_the_surplus_after_the_delay(stack):
@@ -67,7 +81,10 @@ def test_scale_up_on_breach_recovers_and_releases_the_surplus_after_the_delay(st
     th, box = _load_in_thread(stack, name, "hold 4 30s; step 28 150s; step 2 120s")
     th.join(timeout=420)
     tl.stop()
-    assert "report" in box, "load generator did not finish"
+    _print_decisions(stack, name)
+    # Its GB200 node is free for the tests after this one (the pool test fills all but one).
+    stack.kubectl(["-n", stack.namespace, "delete", "dss", name, "--wait=false"])
+    assert "report" in box, f"load generator did not finish: {box.get('error')}"
     t_load = box["t0"] - tl.t0
     rows = tl.rows
     step_at, drop_at = t_load + 30, t_load + 180
@@ -100,8 +117,15 @@ def test_scale_up_on_breach_recovers_and_releases_the_surplus_after_the_delay(st
     assert downs[0][0] - drop_at >= DOWN_DELAY_S - 2, f"first step down {downs[0][0] - drop_at:.0f}s after the drop"
     # ... counted from when the hold's peak left the peak window (its last bucket started before the drop)
     assert downs[0][0] - drop_at >= DOWN_DELAY_S + PEAK_WINDOW_S * 7 / 8 - 3, f"first step down {downs[0][0] - drop_at:.0f}s after the drop"
+    # What 2 sessions need is counted at the capacity the operator had learned when it released: on a 2-core
+    # host, six engines share the cores, so the learned users per replica (and with it this need) varies from run
+    # to run between about 1 and 3.
+    # (the status patch that carries it can land a sample after the replicas patch: the lower of the two)
+    cap = min((r["capacity"] for r in after if downs[0][0] <= r["t"] <= downs[0][0] + EVAL_S and r["capacity"]),
+              default=None)  # fmt: skip
+    need = max(1, replicas_for(2, cap, PolicyConfig().scale_down_utilization)) if cap else 2
     removed = downs[0][1] - downs[-1][2]
-    assert downs[-1][2] <= 2 and len(downs) <= 2, downs
+    assert downs[-1][2] <= need and len(downs) <= 2, (downs, f"2 sessions at {cap} users/replica need {need}")
     assert max(frm - to for _, frm, to in downs) >= min(2, removed), downs
 
 
@@ -141,6 +165,15 @@ def test_pool_exhausted_sets_scaling_limited_without_runaway(stack):
     import yaml
     from flashserve.render.renderer import render
 
+    # The servings of the tests before this one must be gone with their pods: a GB200 node one of them still
+    # held would leave none for this serving's first group, which would pend instead of its second.
+    def no_other_pods() -> bool:
+        names = stack.kubectl(["-n", stack.namespace, "get", "pods", "-l", "app.kubernetes.io/name=deepseek-serving",
+                               "-o", "name"]).split()  # fmt: skip
+        assert not names, f"still there: {names}"
+        return True
+
+    wait_until(no_other_pods, 180, what="the earlier servings' pods gone")
     stack.kubectl(["create", "namespace", "filler"])
     filler = render({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
                      "metadata": {"name": "filler", "namespace": "filler"},
@@ -158,7 +191,9 @@ def test_pool_exhausted_sets_scaling_limited_without_runaway(stack):
     tl = Timeline(stack, name, every=1.0).start()
     th, box = _load_in_thread(stack, name, "hold 6 90s")
     try:
-        wait_until(lambda: tl.last().get("limited") == "True", 120, what="ScalingLimited=True")
+        # PendingPods once it asked for more: a group's pods are also Pending for a moment while they are placed.
+        wait_until(lambda: tl.last().get("limited_reason") == "PendingPods" and (tl.last().get("desired") or 0) > 1,
+                   180, what="ScalingLimited PendingPods after a scale-up")  # fmt: skip
         asked = tl.last()["desired"]
         time.sleep(30)
         assert tl.last()["desired"] <= asked + 1, "kept adding replicas while pods could not be scheduled"
@@ -166,4 +201,7 @@ def test_pool_exhausted_sets_scaling_limited_without_runaway(stack):
     finally:
         th.join(timeout=150)
         tl.stop()
+        _print_decisions(stack, name)
         stack.kubectl(["delete", "namespace", "filler", "--wait=false"])
+    assert not th.is_alive() and "report" in box, f"load generator did not finish: {box.get('error')}"
+    assert box["report"].summary()["ok"] > 0, "no request reached the serving through its router"

@@ -74,6 +74,7 @@ class Stack:
     profile: str = "gb200-4gpu-demo"
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")) / "flashserve-demo-logs")
     procs: list[subprocess.Popen] = field(default_factory=list)
+    status_port: int | None = None  # the mock runtime's /-/engines (what runs where, on which cores); None: off
 
     def start(self, log=print) -> "Stack":
         from flashserve_testbed.localcluster import Layout
@@ -114,7 +115,8 @@ class Stack:
         log(f"[demo] mock GPU runtime (profile {self.profile}, engines load in ~{self.startup_seconds:g}s; the "
             f"serving's router pods run vllm-router)")  # fmt: skip
         self._spawn("runtime", [*exe, "mock-runtime", "--cluster-dir", str(self.layout.root), "-n", self.namespace,
-                                "--profile", self.profile, "--startup-seconds", str(self.startup_seconds)])  # fmt: skip
+                                "--profile", self.profile, "--startup-seconds", str(self.startup_seconds),
+                                *([] if self.status_port is None else ["--status-port", str(self.status_port)])])
         log(f"[demo] operator (metrics on 127.0.0.1:{self.metrics_port})")
         self._spawn("operator", [*exe, "run", "--kubeconfig", str(self.info.kubeconfig), "-n", self.namespace,
                                  "--lease-namespace", self.namespace, "--liveness", "",
@@ -208,6 +210,8 @@ class Timeline:
                     "sla": st.get("slaState"),
                     "metrics": conds.get("MetricsAvailable", {}).get("status"),
                     "limited": conds.get("ScalingLimited", {}).get("status"),
+                    "limited_reason": conds.get("ScalingLimited", {}).get("reason"),
+                    "capacity": st.get("learnedCapacity"),
                 })  # fmt: skip
             self._stop.wait(self.every)
 
