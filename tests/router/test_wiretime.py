@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +28,7 @@ class Wire:
         self.frames: list[tuple[float, bytes]] = []
         self.sent: list[tuple[int, bytes]] = []  # (source port, payload) of each frame, for dropping some
         self.seq: dict[tuple[int, int], int] = {}
+        self.addr: dict[tuple[int, int], tuple[str, str]] = {}  # (sport, dport) -> (src, dst); default 127.0.0.1
 
     def send(self, t: float, sport: int, dport: int, data: bytes, *, syn: bool = False, seq: int | None = None):
         key = (sport, dport)
@@ -35,7 +37,8 @@ class Wire:
         s = self.seq.setdefault(key, 1_000 + sport) if seq is None else seq
         tcp = dpkt.tcp.TCP(sport=sport, dport=dport, seq=s, flags=dpkt.tcp.TH_SYN if syn else dpkt.tcp.TH_ACK,
                            data=data)
-        ip = dpkt.ip.IP(src=bytes([127, 0, 0, 1]), dst=bytes([127, 0, 0, 1]), p=dpkt.ip.IP_PROTO_TCP, data=tcp)
+        src, dst = self.addr.get(key, (CLIENT_IP, CLIENT_IP))
+        ip = dpkt.ip.IP(src=socket.inet_aton(src), dst=socket.inet_aton(dst), p=dpkt.ip.IP_PROTO_TCP, data=tcp)
         ip.len = len(bytes(ip))
         eth = dpkt.ethernet.Ethernet(type=dpkt.ethernet.ETH_TYPE_IP, data=ip)
         self.frames.append((t, bytes(eth)))
@@ -43,7 +46,8 @@ class Wire:
         if seq is None:
             self.seq[key] = s + (1 if syn else len(data))
 
-    def open(self, t: float, cport: int, sport: int) -> None:
+    def open(self, t: float, cport: int, sport: int, server_ip: str = CLIENT_IP) -> None:
+        self.addr[(cport, sport)], self.addr[(sport, cport)] = (CLIENT_IP, server_ip), (server_ip, CLIENT_IP)
         self.send(t, cport, sport, b"", syn=True)
         self.send(t, sport, cport, b"", syn=True)
 
@@ -89,20 +93,21 @@ def conversation(text: str) -> dict:
 
 
 def one_request(w: Wire, *, client: int, upstream: int, session: str, t0: float, text: str,
-                inbound: float, engine_first: float, outbound: float) -> None:
+                inbound: float, engine_first: float, outbound: float, router: int = ROUTER, engine: int = ENGINE,
+                router_ip: str = ROUTER_IP) -> None:  # fmt: skip
     body = conversation(text)
     head, raw = request("/v1/chat/completions", body, session)
-    w.open(t0 - 0.01, client, ROUTER)
-    w.send(t0, client, ROUTER, head)
-    w.send(t0 + 0.0005, client, ROUTER, raw)  # the body in a second segment: its end is what counts
+    w.open(t0 - 0.01, client, router, router_ip)
+    w.send(t0, client, router, head)
+    w.send(t0 + 0.0005, client, router, raw)  # the body in a second segment: its end is what counts
     # the router re-serialises the body: other key order and a field added, the same conversation
     fwd = json.dumps({"stream_options": {"include_usage": True}, **dict(reversed(list(body.items())))}).encode()
     fhead = (f"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: {len(fwd)}\r\nx-session-id: {session}\r\n"
              "\r\n").encode()
     t1 = t0 + 0.0005
-    w.send(t1 + inbound, upstream, ENGINE, fhead + fwd)
-    stream(w, ENGINE, upstream, t1 + inbound + 0.001, t1 + inbound + 0.002, engine_first, engine_first + 0.05)
-    stream(w, ROUTER, client, t1 + inbound + 0.0011, t1 + inbound + 0.0021, engine_first + outbound,
+    w.send(t1 + inbound, upstream, engine, fhead + fwd)
+    stream(w, engine, upstream, t1 + inbound + 0.001, t1 + inbound + 0.002, engine_first, engine_first + 0.05)
+    stream(w, router, client, t1 + inbound + 0.0011, t1 + inbound + 0.0021, engine_first + outbound,
            engine_first + 0.0501)
 
 
@@ -118,6 +123,21 @@ def test_the_router_share_is_its_forwarding_delay_plus_its_first_token_delay(tmp
     # the role-only event comes earlier on both sides; the first text event is what a client's TTFT waits for
     assert r.outbound == pytest.approx(0.0003, abs=2e-6)
     assert r.added == pytest.approx(0.0011, abs=4e-6) and r.render == 0 and r.own == r.added
+
+
+def test_a_router_and_an_engine_on_one_port_number_are_told_apart_by_address(tmp_path):
+    # The local cluster's pods: every one listens on port 8000, each at its own loopback address.
+    w = Wire()
+    w.open(0.5, 40001, 8000, "127.0.3.1")
+    one_request(w, client=50001, upstream=40001, session="s0", t0=1.0, text="pods", inbound=0.0008,
+                engine_first=1.030, outbound=0.0003, router=8000, engine=8000, router_ip="127.0.2.1")
+    path = w.write(tmp_path / "c.pcap")
+    times = wt.measure(path, [("127.0.2.1", 8000)], [("127.0.3.1", 8000)])
+    assert times.unpaired == 0 and len(times.requests) == 1
+    assert times.requests[0].added == pytest.approx(0.0011, abs=4e-6)
+    # by the port alone both sides look like the router and the engine: each request pairs with itself, share 0
+    by_port = wt.measure(path, [8000], [8000])
+    assert len(by_port.requests) == 2 and all(r.added == 0 for r in by_port.requests)
 
 
 def test_requests_forwarded_out_of_order_pair_by_session_and_conversation(tmp_path):

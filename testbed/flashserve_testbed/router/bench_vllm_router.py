@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from flashserve.facts import router as router_facts
 
@@ -319,34 +320,47 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
         with VllmRouter(opts, d / "router.log", cpus=args.router_cpu_set) as router:
             out = {}
             for name, base in (("direct", eng.url + "/v1"), ("routed", router.base + "/v1")):
-                e0, r0 = eng.metrics(), router.metrics()
                 # the routed half on the wire too (wiretime.py): the router's own share of each request's TTFT
                 capture = (wiretime.Capture(d / "routed.pcap", (opts.port, eng.port)) if name == "routed"
                            and args.wire else contextlib.nullcontext())
-                with capture:
-                    rep = asyncio.run(run_load(base, schedule=f"hold {args.sessions} {args.overhead_seconds:g}s",
-                                               workload=Workload.from_profile(args.profile), seed=seed,
-                                               drain_seconds=5))
-                e1, r1 = eng.metrics(), router.metrics()
+                out[name] = load_half(base, eng.metrics, router.metrics, sessions=args.sessions,
+                                      seconds=args.overhead_seconds, profile=args.profile, seed=seed, around=capture)
                 if isinstance(capture, wiretime.Capture):
-                    wt = wiretime.measure(capture.path, (opts.port,), (eng.port,))
-                    out["wire"] = {**wt.summary(), "dropped": capture.dropped,
-                                   "added_values": [r.added for r in wt.requests]}
-                ttfts = [t for r in rep.ok if (t := r.ttft()) is not None]
-                es0, ec0 = _hist(e0, "vllm:time_to_first_token_seconds")
-                es1, ec1 = _hist(e1, "vllm:time_to_first_token_seconds")
-                gs0, gc0 = _hist(r0, "vllm_router_generate_duration_seconds")
-                gs1, gc1 = _hist(r1, "vllm_router_generate_duration_seconds")
-                out[name] = {
-                    **rep.summary()["ttft_seconds"],
-                    "client_ttft_mean": statistics.fmean(ttfts) if ttfts else None,
-                    "engine_ttft_mean": (es1 - es0) / (ec1 - ec0) if ec1 > ec0 else None,
-                    "router_generate_mean": (gs1 - gs0) / (gc1 - gc0) if gc1 > gc0 else None,
-                }
+                    out["wire"] = wire_round(capture, (opts.port,), (eng.port,))
             out["render_probe_s"] = _render_probe(eng.url) if policy.startswith("cache_aware") else None
     finally:
         mf.stop_all(engines)
     return out
+
+
+def load_half(base: str, engine_metrics: Callable[[], str], router_metrics: Callable[[], str], *, sessions: int,
+              seconds: float, profile: str, seed: int, around: contextlib.AbstractContextManager | None = None) -> dict:
+    """One half of an overhead round: `sessions` sessions to `base` for `seconds`. The clients' TTFT beside the
+    engine's own (its histogram over the half) and the router's generate duration over the same requests.
+    `around` (a packet capture) is entered for the load only, not for the metrics reads."""
+    e0, r0 = engine_metrics(), router_metrics()
+    with around or contextlib.nullcontext():
+        rep = asyncio.run(run_load(base, schedule=f"hold {sessions} {seconds:g}s", seed=seed, drain_seconds=5,
+                                   workload=Workload.from_profile(profile)))  # fmt: skip
+    e1, r1 = engine_metrics(), router_metrics()
+    ttfts = [t for r in rep.ok if (t := r.ttft()) is not None]
+    es0, ec0 = _hist(e0, "vllm:time_to_first_token_seconds")
+    es1, ec1 = _hist(e1, "vllm:time_to_first_token_seconds")
+    gs0, gc0 = _hist(r0, "vllm_router_generate_duration_seconds")
+    gs1, gc1 = _hist(r1, "vllm_router_generate_duration_seconds")
+    return {
+        **rep.summary()["ttft_seconds"],
+        "failed": len(rep.records) - len(rep.ok),
+        "client_ttft_mean": statistics.fmean(ttfts) if ttfts else None,
+        "engine_ttft_mean": (es1 - es0) / (ec1 - ec0) if ec1 > ec0 else None,
+        "router_generate_mean": (gs1 - gs0) / (gc1 - gc0) if gc1 > gc0 else None,
+    }
+
+
+def wire_round(capture: wiretime.Capture, router: tuple, engines: tuple) -> dict:
+    """A routed half's capture read: the router's share of each request (wiretime.py's endpoints)."""
+    wt = wiretime.measure(capture.path, router, engines)
+    return {**wt.summary(), "dropped": capture.dropped, "added_values": [r.added for r in wt.requests]}
 
 
 def router_cpus(text: str | None, available: set[int]) -> frozenset[int] | None:

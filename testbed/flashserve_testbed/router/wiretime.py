@@ -381,18 +381,28 @@ class WireTimes:
         return out
 
 
-def router_times(exs: list[Exchange], router_ports: Iterable[int], engine_ports: Iterable[int]) -> WireTimes:
-    """Pair each generate request the router received with the one it forwarded, and its renders."""
-    rports, eports = set(router_ports), set(engine_ports)
+Endpoint = int | tuple[str, int]  # a port on any address, or one address and port (pods that share a port number)
+
+
+def _serves(endpoints: Iterable[Endpoint]):
+    ports = {e for e in endpoints if isinstance(e, int)}
+    addrs = {tuple(e) for e in endpoints if not isinstance(e, int)}
+    return lambda server: server[1] in ports or tuple(server) in addrs
+
+
+def router_times(exs: list[Exchange], router_ports: Iterable[Endpoint], engine_ports: Iterable[Endpoint]) -> WireTimes:
+    """Pair each generate request the router received with the one it forwarded, and its renders. The router
+    and the engines are told apart by the server side of each connection (`Endpoint`)."""
+    is_router, is_engine = _serves(router_ports), _serves(engine_ports)
 
     def generate(ex: Exchange) -> bool:
         return ex.request.method == "POST" and ex.request.path.split("?")[0] in GENERATE_PATHS
 
-    front = sorted((e for e in exs if e.server[1] in rports and generate(e)), key=lambda e: e.request.end)
+    front = sorted((e for e in exs if is_router(e.server) and generate(e)), key=lambda e: e.request.end)
     back: dict[tuple, list[Exchange]] = {}
     renders: dict[tuple, list[Exchange]] = {}
     for e in exs:
-        if e.server[1] not in eports or e.request.method != "POST":
+        if not is_engine(e.server) or e.request.method != "POST":
             continue
         key = request_key(e.request)
         if key is None:
@@ -426,5 +436,5 @@ def router_times(exs: list[Exchange], router_ports: Iterable[int], engine_ports:
     return out
 
 
-def measure(pcap: Path, router_ports: Iterable[int], engine_ports: Iterable[int]) -> WireTimes:
+def measure(pcap: Path, router_ports: Iterable[Endpoint], engine_ports: Iterable[Endpoint]) -> WireTimes:
     return router_times(exchanges(read_streams(pcap)), router_ports, engine_ports)
