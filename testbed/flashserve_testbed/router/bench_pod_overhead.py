@@ -23,7 +23,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -32,7 +31,8 @@ from types import SimpleNamespace
 from flashserve_testbed.router import wiretime
 from flashserve_testbed.router.bench_vllm_router import load_half, overhead, wire_round
 from flashserve_testbed.router.vllm_router import free_port
-from flashserve_testbed.runtime.routerpods import router_selector
+from flashserve_testbed.runtime.launch import ENGINE_CONTAINER, ROUTER_CONTAINER
+from flashserve_testbed.runtime.routerpods import pod_url, router_selector
 
 _LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, whatever the proxy env says
 
@@ -49,13 +49,6 @@ def serving(name: str, dedicated: bool) -> dict:
                 "replicas": 1, "resources": {"cpu": 1, "memory": "1Gi", "dedicatedCpus": dedicated}}}}  # fmt: skip
 
 
-def _pod_url(pod: dict, port_name: str) -> str:
-    ports = [p for c in pod["spec"]["containers"] for p in c.get("ports") or [] if p.get("name") == port_name]
-    if not ports or not pod["status"].get("podIP"):
-        raise RuntimeError(f"pod {pod['metadata']['name']}: no {port_name!r} port or no pod IP yet")
-    return f"http://{pod['status']['podIP']}:{ports[0]['containerPort']}"
-
-
 def _pods(stack, selector: str) -> list[dict]:
     return json.loads(stack.kubectl(["-n", stack.namespace, "get", "pods", "-l", selector, "-o", "json"]))["items"]
 
@@ -63,18 +56,6 @@ def _pods(stack, selector: str) -> list[dict]:
 def _endpoint(url: str) -> tuple[str, int]:
     u = urllib.parse.urlsplit(url)
     return u.hostname, u.port
-
-
-def _wait_engine_ready(url: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _get(url + "/health")
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         routed = stack.base_url(name, timeout=180)
         router_pod = _pods(stack, router_selector(name))[0]
         engine_pod = _pods(stack, f"{SERVING_LABEL}={serving_label_value(name)},{COMPONENT_LABEL}=engine")[0]
-        engine = _pod_url(engine_pod, "http")
-        router_metrics = _pod_url(router_pod, "metrics") + "/metrics"
-        _wait_engine_ready(engine)
+        # the router is Ready once it has found a healthy engine: nothing more to wait for
+        engine = pod_url(engine_pod, ENGINE_CONTAINER, "http")
+        router_metrics = f"{pod_url(router_pod, ROUTER_CONTAINER, 'metrics')}/metrics"
         procs = json.loads(_get(f"http://127.0.0.1:{stack.status_port}/-/engines"))["engines"]
         cores = {e["kind"]: e.get("cpus") for e in procs if e.get("serving") == name and e.get("pid")}
         say(f"[bench] router pod {router_pod['metadata']['name']} (QoS {router_pod['status'].get('qosClass')}), "
@@ -143,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                                    "paired_mean_added_per_round", "router_generate_minus_engine_ttft",
                                    "wire")}}  # fmt: skip
     ms = lambda v: "n/a" if v is None else f"{v * 1e3:.2f} ms"  # noqa: E731
+    added = lambda v: "n/a" if v is None else f"{v * 1e3:+.2f} ms"  # noqa: E731
     print(f"router pod overhead ({'dedicated core' if result['dedicated_cpus'] else 'shared cores'}, QoS "
-          f"{result['qos']}, 1 group, {args.sessions} sessions, median of {args.rounds} rounds): TTFT p50 +"
-          f"{ms(o['ttft_p50_added'])}, p99 +{ms(o['ttft_p99_added'])}; paired mean outside the engine "
-          f"+{ms(o['paired_mean_added'])}; direct TTFT p50 {ms(o['direct_ttft_p50'])}; failed requests {failed}")
+          f"{result['qos']}, 1 group, {args.sessions} sessions, median of {args.rounds} rounds): TTFT p50 "
+          f"{added(o['ttft_p50_added'])}, p99 {added(o['ttft_p99_added'])}; paired mean outside the engine "
+          f"{added(o['paired_mean_added'])}; direct TTFT p50 {ms(o['direct_ttft_p50'])}; failed requests {failed}")
     w = o["wire"]
     if w:
         print(f"  on the wire (the router's own share of each request's TTFT, {w['requests']} requests, "
@@ -154,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{ms(w['added_p99'])} (medians of rounds); every request: p50 {ms(w['added_pooled_p50'])}, "
               f"p99 {ms(w['added_pooled_p99'])}")  # fmt: skip
     spread = o["p50_added_per_round"]
-    print(f"  p50 added per round: {', '.join(ms(v) for v in spread)} (spread {ms(max(spread) - min(spread))}, "
+    print(f"  p50 added per round: {', '.join(added(v) for v in spread)} (spread {ms(max(spread) - min(spread))}, "
           f"stdev {ms(statistics.pstdev(spread))})")  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

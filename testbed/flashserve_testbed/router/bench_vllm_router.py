@@ -322,10 +322,10 @@ def _overhead_round(args, work: Path, policy: str, seed: int) -> dict:
             for name, base in (("direct", eng.url + "/v1"), ("routed", router.base + "/v1")):
                 # the routed half on the wire too (wiretime.py): the router's own share of each request's TTFT
                 capture = (wiretime.Capture(d / "routed.pcap", (opts.port, eng.port)) if name == "routed"
-                           and args.wire else contextlib.nullcontext())
+                           and args.wire else None)
                 out[name] = load_half(base, eng.metrics, router.metrics, sessions=args.sessions,
                                       seconds=args.overhead_seconds, profile=args.profile, seed=seed, around=capture)
-                if isinstance(capture, wiretime.Capture):
+                if capture is not None:
                     out["wire"] = wire_round(capture, (opts.port,), (eng.port,))
             out["render_probe_s"] = _render_probe(eng.url) if policy.startswith("cache_aware") else None
     finally:

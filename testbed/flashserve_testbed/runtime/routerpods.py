@@ -26,19 +26,23 @@ def _ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
+def pod_url(pod: dict, container: str, port_name: str, default: int | None = None) -> str | None:
+    """`http://<pod IP>:<port>` of one container's named port, `default` where it names none (pure); None
+    while the pod has no IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    c = next((c for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == container), {})
+    port = next((p["containerPort"] for p in c.get("ports") or [] if p.get("name") == port_name), default)
+    return f"http://{ip}:{port}" if ip and port else None
+
+
 def router_urls(pods: list[dict]) -> list[str]:
     """`http://<pod IP>:<http port>` of each Ready, not terminating router pod, by name (pure)."""
     out = []
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         if pod["metadata"].get("deletionTimestamp") or not _ready(pod):
             continue
-        ip = (pod.get("status") or {}).get("podIP")
-        if not ip:
-            continue
-        containers = (pod.get("spec") or {}).get("containers") or []
-        router = next((c for c in containers if c.get("name") == ROUTER_CONTAINER), {})
-        port = next((p["containerPort"] for p in router.get("ports") or [] if p.get("name") == "http"), DEFAULT_PORT)
-        out.append(f"http://{ip}:{port}")
+        if url := pod_url(pod, ROUTER_CONTAINER, "http", DEFAULT_PORT):
+            out.append(url)
     return out
 
 
