@@ -114,11 +114,12 @@ def test_consistent_hash_keeps_a_session_key_on_one_engine(engines, tmp_path):
 
 def test_sticky_least_loaded_places_new_sessions_by_count_keeps_them_and_expires_idle_ones(engines, tmp_path):
     """What docs/vllm-router.md says of sticky_least_loaded: a new session goes to the engine with the fewest
-    active sessions (so six new sessions split 3/3, where a hash ring need not), its later turns stay there, and a
-    session idle past VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S is placed again as a new one."""
+    active sessions (so six new sessions split 3/3, where a hash ring need not), its later turns stay there, a
+    session the client ends frees its place, and a session idle past VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S is
+    placed again as a new one."""
     opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(), prometheus_port=free_port(),
                          policy="sticky_least_loaded", log_level="debug")
-    env = {**os.environ, "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S": "1"}
+    env = {**os.environ, router_facts.SLL_EXPIRY_ENV: "1"}
     router = VllmRouter(opts, tmp_path / "router-sll.log", env=env).start()
     try:
         homes: dict[str, int] = {}
@@ -131,10 +132,56 @@ def test_sticky_least_loaded_places_new_sessions_by_count_keeps_them_and_expires
             before = _served(engines)
             _chat(router.base, f"{key} turn 1", {"X-Session-ID": key})
             assert [b - a for a, b in zip(before, _served(engines))][home] == 1, f"{key} left its engine"
+        # a session the client ends (POST /finish_session?session_id=...) leaves its engine's count at once: with
+        # two of one engine's three ended, the next two new sessions both go there
+        other = 1 - homes["sll-0"]
+        for key in [k for k, h in homes.items() if h == other][:2]:
+            req = urllib.request.Request(f"{router.base}/finish_session?session_id={key}", b"", method="POST")
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert json.loads(r.read()) == {"status": "ok", "session_id": key}
+        before = _served(engines)
+        for i in range(2):
+            _chat(router.base, f"fresh-{i} turn 0", {"X-Session-ID": f"fresh-{i}"})
+        assert [b - a for a, b in zip(before, _served(engines))][other] == 2
         time.sleep(2.5)
         _chat(router.base, "sll-0 turn 2", {"X-Session-ID": "sll-0"})
         log = router.log_path.read_text(errors="replace")
         assert re.search(r"session 'sll-0' on replica '\S+' expired, reassigning", log), log[-2000:]
+    finally:
+        router.stop()
+
+
+def test_sticky_least_loaded_keeps_ended_sessions_two_hours_by_default_and_sweeps_idle_ones_once_a_minute(
+        engines, tmp_path):
+    """The facts the operator's sessionIdleSeconds and the simulator's router-sticky model rest on
+    (facts/router.py): the binary's own default expiry, which it prints for an unreadable value, and its sweep of
+    idle sessions out of the engines' counts, which runs on a request at most once a minute: sessions idle far
+    past a 1-second expiry are still counted half a minute in, and gone after the first minute."""
+    opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(), prometheus_port=free_port(),
+                         policy="sticky_least_loaded", log_level="debug")
+    bad = VllmRouter(opts, tmp_path / "router-sll-default.log", env={**os.environ, router_facts.SLL_EXPIRY_ENV: "soon"})
+    bad.start()
+    try:
+        log = bad.log_path.read_text(errors="replace")
+        assert f"using default {router_facts.SLL_DEFAULT_EXPIRY_SECS}s" in log, log[-2000:]
+    finally:
+        bad.stop()
+    opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(), prometheus_port=free_port(),
+                         policy="sticky_least_loaded", log_level="debug")
+    router = VllmRouter(opts, tmp_path / "router-sll-sweep.log", env={**os.environ, router_facts.SLL_EXPIRY_ENV: "1"})
+    router.start()
+    started = time.monotonic()
+    try:
+        for key in ("idle-a", "idle-b"):
+            _chat(router.base, f"{key} turn 0", {"X-Session-ID": key})
+        swept = re.compile(r"SLL: expired session 'idle-[ab]'")
+        time.sleep(max(0.0, started + router_facts.SLL_SWEEP_SECS / 2 - time.monotonic()))
+        _chat(router.base, "later 0", {"X-Session-ID": "later-0"})
+        assert not swept.search(router.log_path.read_text(errors="replace"))
+        time.sleep(max(0.0, started + router_facts.SLL_SWEEP_SECS + 2 - time.monotonic()))
+        _chat(router.base, "later 1", {"X-Session-ID": "later-1"})
+        log = router.log_path.read_text(errors="replace")
+        assert len(set(swept.findall(log))) == 2, log[-2000:]
     finally:
         router.stop()
 

@@ -67,5 +67,13 @@ LOG_ENV = "RUST_LOG"
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warn", "error")
 DEFAULT_LOG_LEVEL = "warn"
 
+# sticky_least_loaded counts a session against its engine until the session has been idle this long: the router
+# is not told that a conversation ended (unless the client posts /finish_session), so an ended one keeps counting
+# for the whole expiry, 2 hours by default (the binary prints it for an unreadable value). Idle sessions leave
+# the counts in a sweep the router runs on a request at most once a minute (measured: docs/vllm-router.md).
+SLL_EXPIRY_ENV = "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"
+SLL_DEFAULT_EXPIRY_SECS = 7200
+SLL_SWEEP_SECS = 60
+
 # The session key consistent_hash and sticky_least_loaded read first (docs/vllm-router.md).
 SESSION_HEADER = "X-Session-ID"
