@@ -63,7 +63,7 @@ def test_furc_hash_stays_in_range_and_is_consistent_when_m_grows():
 def test_service_spreads_a_sessions_requests_uniformly(profile):
     f = _fleet(profile, "service")
     s = _Session(7)
-    hits = Counter(f.route_session(s).group.index for _ in range(4000))
+    hits = Counter(f.route_session(s, 0.0).group.index for _ in range(4000))
     assert set(hits) == {0, 1, 2, 3}
     assert all(abs(n / 4000 - 0.25) < 0.03 for n in hits.values())
 
@@ -72,9 +72,9 @@ def test_service_spreads_a_sessions_requests_uniformly(profile):
 def test_affinity_and_router_keep_a_session_on_one_replica(profile, routing):
     f = _fleet(profile, routing)
     sessions = [_Session(i) for i in range(1, 41)]
-    first = {s.sid: f.route_session(s).group.index for s in sessions}
+    first = {s.sid: f.route_session(s, 0.0).group.index for s in sessions}
     for _ in range(5):
-        assert {s.sid: f.route_session(s).group.index for s in sessions} == first
+        assert {s.sid: f.route_session(s, 0.0).group.index for s in sessions} == first
     assert len(set(first.values())) > 1  # and sessions do not all land on one replica
     # the fleet's session counts follow the sessions
     assert sum(g.sessions for g in f.active) == len(sessions)
@@ -84,7 +84,7 @@ def test_router_sends_a_session_where_vllm_routers_ring_does(profile):
     f = _fleet(profile, "router")
     ring = HashRing([g.pod for g in f.active])
     for sid in range(1, 60):
-        assert f.route_session(_Session(sid)).group.pod == ring.lookup(session_key(f"s{sid}"))
+        assert f.route_session(_Session(sid), 0.0).group.pod == ring.lookup(session_key(f"s{sid}"))
 
 
 def test_ring_remaps_only_the_keys_of_the_changed_worker():
@@ -111,9 +111,9 @@ def test_ring_remaps_only_the_keys_of_the_changed_worker():
 def test_router_moves_sessions_of_a_drained_replica_and_on_scale_up(profile):
     f = _fleet(profile, "router", replicas=3)
     sessions = [_Session(i) for i in range(1, 200)]
-    before = {s.sid: f.route_session(s).group for s in sessions}
+    before = {s.sid: f.route_session(s, 0.0).group for s in sessions}
     f.remove_last(1.0)  # the highest index leaves routing (drain)
-    after = {s.sid: f.route_session(s).group for s in sessions}
+    after = {s.sid: f.route_session(s, 0.0).group for s in sessions}
     drained = f.draining[0] if f.draining else next(g for g in f.all if g.state == "gone")
     for s in sessions:
         if before[s.sid] is drained:
@@ -121,7 +121,7 @@ def test_router_moves_sessions_of_a_drained_replica_and_on_scale_up(profile):
         else:
             assert after[s.sid] is before[s.sid]
     g = f.order(2.0, ready=True)  # a new pod (new identity on the ring): a share of sessions moves to it
-    again = {s.sid: f.route_session(s).group for s in sessions}
+    again = {s.sid: f.route_session(s, 0.0).group for s in sessions}
     moved = [sid for sid in again if again[sid] is not after[sid]]
     assert moved and all(again[sid] is g for sid in moved)
 
@@ -231,16 +231,16 @@ def test_router_rank_pins_a_session_to_the_rank_vllm_routers_dp_ring_names(profi
     placed = set()
     for sid in range(1, 200):
         s = _Session(sid)
-        rank = f.route_session(s)
+        rank = f.route_session(s, 0.0)
         assert f"{rank.group.pod}@{rank.index}" == ring.lookup(session_key(f"s{sid}"))
-        assert all(f.route_session(s) is rank for _ in range(3))
+        assert all(f.route_session(s, 0.0) is rank for _ in range(3))
         placed.add((rank.group.index, rank.index))
     assert len(placed) == 3 * profile.engines_per_replica
     # one representative rank per replica: a pod's ranks all lead to it
     one = Fleet(profile, 100.0, seed=1, routing="router-rank")
     for _ in range(3):
         one.order(0.0, ready=True)
-    assert {one.route_session(_Session(sid)).group.index for sid in range(1, 60)} == {0, 1, 2}
+    assert {one.route_session(_Session(sid), 0.0).group.index for sid in range(1, 60)} == {0, 1, 2}
 
 
 def test_router_pod_vllm_balances_ranks_by_load_only(profile):
@@ -251,7 +251,7 @@ def test_router_pod_vllm_balances_ranks_by_load_only(profile):
         f, _, keys = _one_replica_prefix_on_rank_0(profile, routing)
         s = _Session(5)
         s.block_hashes = lambda: keys
-        turns[routing] = {f.route_session(s).index for _ in range(4)}
+        turns[routing] = {f.route_session(s, 0.0).index for _ in range(4)}
     assert turns["router"] == {0}
     assert turns["router-pod-vllm"] == {0, 1, 2, 3}
 
@@ -265,19 +265,70 @@ def test_router_sticky_places_new_sessions_by_count_over_ranks_and_keeps_them_un
         f.order(0.0, ready=True)
     ranks = 3 * profile.engines_per_replica
     sessions = [_Session(sid) for sid in range(2 * ranks)]
-    homes = {s.sid: f.route_session(s) for s in sessions}
+    homes = {s.sid: f.route_session(s, 0.0) for s in sessions}
     assert Counter((r.group.index, r.index) for r in homes.values()) == Counter(
         {(g, i): 2 for g in range(3) for i in range(profile.engines_per_replica)})
-    assert all(f.route_session(s) is homes[s.sid] for s in sessions)
+    assert all(f.route_session(s, 0.0) is homes[s.sid] for s in sessions)
     assert [g.sessions for g in f.active] == [2 * profile.engines_per_replica] * 3
     drained = f.remove_last(1.0)
     moved = [s for s in sessions if homes[s.sid].group is drained]
-    after = {s.sid: f.route_session(s) for s in moved}
+    after = {s.sid: f.route_session(s, 0.0) for s in moved}
     assert all(r.group is not drained for r in after.values())
     assert max(Counter((r.group.index, r.index) for r in (after | {
         s.sid: homes[s.sid] for s in sessions if s.sid not in after}).values()).values()) == 3
     for s in sessions[:2]:
         f.end_session(s)
     counts = {(g, i): f.sticky_count.get((g, i), 0) for g in f.ready_list for i in range(profile.engines_per_replica)}
-    new = f.route_session(_Session(1000))
+    new = f.route_session(_Session(1000), 0.0)
     assert counts[(new.group, new.index)] == min(counts.values()) == 2
+
+
+def test_router_sticky_with_the_binarys_idle_expiry_counts_ended_sessions_until_a_sweep_finds_them(profile):
+    """The binary is not told that a conversation ended: an ended session keeps its rank's count until it has been
+    idle for the TTL and a sweep (at most once a minute) finds it. So a pod that joins after the old pods'
+    sessions ended takes every new session while its count catches up with theirs; without a TTL (a client that
+    calls /finish_session) new sessions spread over every pod. A session idle past the TTL is placed again."""
+    per_pod = profile.engines_per_replica
+
+    def new_homes(ttl: float | None) -> Counter:
+        f = Fleet(profile, 100.0, seed=1, routing="router-sticky", sticky_ttl_s=ttl)
+        for _ in range(2):
+            f.order(0.0, ready=True)
+        old = [_Session(sid) for sid in range(4 * per_pod)]
+        for s in old:
+            f.route_session(s, 1.0)
+        for s in old:
+            f.end_session(s)
+        f.order(10.0, ready=True)
+        return Counter(f.route_session(_Session(100 + i), 20.0).group.index for i in range(3 * per_pod))
+
+    assert new_homes(None) == Counter({0: per_pod, 1: per_pod, 2: per_pod})
+    assert new_homes(600.0) == Counter({2: 2 * per_pod, 0: per_pod})  # ties: the first pod (the binary hashes)
+
+    f = Fleet(profile, 100.0, seed=1, routing="router-sticky", sticky_ttl_s=600.0)
+    for _ in range(2):
+        f.order(0.0, ready=True)
+    ended = [_Session(sid) for sid in range(2 * per_pod)]
+    for s in ended:
+        f.route_session(s, 0.0)
+        f.end_session(s)
+    kept = _Session(999)
+    first = f.route_session(kept, 0.0)
+    assert sum(f.sticky_count.values()) == 2 * per_pod + 1
+    assert f.route_session(kept, 599.0) is first  # idle 599 s: still its rank; the sweep at 599 s finds nothing
+    f.route_session(_Session(1000), 659.0)  # a minute after that sweep, on a request: the ended sessions go
+    assert sum(f.sticky_count.values()) == 2
+    f.route_session(_Session(1001), 1190.0)  # a sweep: `kept` (idle 591 s) stays
+    home = f.sticky_home[kept.sid]
+    f.sticky_count[home] += 5  # its rank got busy since: placed again, it goes elsewhere
+    f.route_session(kept, 1200.0)  # idle 601 s, found on its own request, not by a sweep
+    assert f.sticky_home[kept.sid] != home
+    assert sum(f.sticky_count.values()) - 5 == len(f.sticky_home) == 3
+
+
+@pytest.mark.parametrize("argv", [["--sticky-ttl", "0", "--routing", "router-sticky"], ["--sticky-ttl", "600"]])
+def test_cli_refuses_a_sticky_ttl_it_cannot_apply(argv, capsys):
+    from flashserve_testbed.bench import cli
+
+    assert cli.main(["autoscale", "--quick", *argv]) == 2
+    assert "--sticky-ttl: give seconds above 0, with --routing router-sticky" in capsys.readouterr().err

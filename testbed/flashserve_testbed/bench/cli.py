@@ -168,6 +168,10 @@ def _parser() -> argparse.ArgumentParser:
                    "router-pod-vllm (router with vLLM's own load-only rank balancer in the pod), router-sticky "
                    "(vllm-router's sticky_least_loaded over ranks: a candidate, not shipped); sweeps run with the "
                    "first")
+    p.add_argument("--sticky-ttl", type=float, default=None, metavar="SECONDS",
+                   help="router-sticky: the router's idle expiry of a session (VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S; "
+                   "the binary's default is 7200); unset, an ended session leaves its rank's count at once, as "
+                   "when clients call /finish_session")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--decision-log", metavar="DIR",
                    help="write FlashServe's decisions (reason, readings) per run as JSON lines here")
@@ -219,6 +223,10 @@ def autoscale(argv: list[str]) -> int:
     if args.engine == "fluid" and routings != ["affinity"]:
         print("flashserve bench autoscale: --routing: the fluid model keeps session affinity only; use "
               "--engine model for --routing service or router", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.sticky_ttl is not None and (args.sticky_ttl <= 0 or "router-sticky" not in routings):
+        print("flashserve bench autoscale: --sticky-ttl: give seconds above 0, with --routing router-sticky "
+              "(the only model with a session table)", file=sys.stderr)  # fmt: skip
         return 2
     try:
         profile = load_profile(args.profile)
@@ -278,6 +286,7 @@ def autoscale(argv: list[str]) -> int:
     settings = Settings(sla_tokens_per_s=args.sla, gpu_hour_price=args.gpu_hour_price or GPU_HOUR_PRICE_USD,
                         all_ranks=args.all_ranks, decisions=bool(args.decision_log),
                         engine=args.engine, routing=routings[0], startup_model=args.startup_model,
+                        sticky_ttl_s=args.sticky_ttl,
                         learn_startup=not args.no_startup_learning, spec_startup_s=args.spec_startup)  # fmt: skip
     plan = Plan(scenarios=scenarios, seeds=seeds, table=table, settings=settings,
                 timeline_scenario=scenarios[0].name, timeline_seed=seeds[0], bound=not args.no_bound)  # fmt: skip

@@ -32,7 +32,9 @@ from flashserve.autoscaling.startup import StartupSample
 
 from flashserve.render.vllm_args import itl_buckets
 
-from flashserve_testbed.bench.routing import RING_ROUTINGS, ROUTINGS, HashRing, Routing, fbi_hash, session_key
+from flashserve_testbed.bench.routing import (
+    RING_ROUTINGS, ROUTINGS, STICKY_SWEEP_S, HashRing, Routing, fbi_hash, session_key,
+)
 from flashserve_testbed.engine import dprank
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 from flashserve_testbed.engine.profile import Profile
@@ -124,7 +126,7 @@ class FleetCounts:
 class Fleet:
     def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
                  all_ranks: bool = False, engines: bool = True, routing: Routing = "affinity",
-                 startup_model: str = "lognormal", nodes: int = 0) -> None:  # fmt: skip
+                 startup_model: str = "lognormal", nodes: int = 0, sticky_ttl_s: float | None = None) -> None:  # fmt: skip
         if routing not in ROUTINGS:
             raise ValueError(f"routing: {routing!r} is not a routing model: choose {', '.join(ROUTINGS)}")
         self.profile = profile
@@ -135,6 +137,12 @@ class Fleet:
         self.key_hash: dict[int, int] = {}  # session id -> its X-Session-ID's ring position
         self.sticky_home: dict[int, tuple[Group, int]] = {}  # `router-sticky`: session id -> its (pod, rank)
         self.sticky_count: dict[tuple[Group, int], int] = {}  # `router-sticky`: sessions per (pod, rank)
+        self.sticky_seen: dict[int, float] = {}  # `router-sticky` with a TTL: session id -> its last request
+        self.sticky_ttl_s = sticky_ttl_s
+        """`router-sticky`: None, an ended session leaves its rank's count at once (a client calling
+        /finish_session); seconds, the binary's idle expiry (VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S): a session
+        counts until it has been idle that long, found by a sweep at most once a minute."""
+        self.sticky_swept = 0.0
         self.engines = engines
         """False: groups get no engine model (the fluid model keeps their state itself)."""
         self.n_ranks = profile.engines_per_replica if all_ranks else 1
@@ -289,14 +297,14 @@ class Fleet:
         return sum(g.gpu_seconds(gpus, start, end) for g in self.all) / 3600.0
 
     # ------------------------------------------------------------------ routing
-    def route_session(self, s) -> Rank | None:
+    def route_session(self, s, now: float) -> Rank | None:
         """The rank that serves a session's next turn, by the fleet's routing model (bench/routing.py)."""
         if self.routing == "service":
             return self._route_random(s.block_hashes())
         if self.routing in RING_ROUTINGS:
             return self._route_ring(s)
         if self.routing == "router-sticky":
-            return self._route_sticky(s)
+            return self._route_sticky(s, now)
         return self._route_affinity(s)
 
     def _route_random(self, keys: list[int]) -> Rank | None:
@@ -327,22 +335,36 @@ class Fleet:
         self._follow(s, self.by_worker[worker][0])
         return self._ring_rank(worker, s.block_hashes())
 
-    def _route_sticky(self, s) -> Rank | None:
+    def _route_sticky(self, s, now: float) -> Rank | None:
         """vllm-router's sticky_least_loaded over the ready pods' ranks: a session keeps its (pod, rank) while
-        that pod is ready; a new one, or one whose pod left routing, goes to the rank with the fewest sessions."""
+        that pod is ready and the session has not been idle for the TTL; a new one, or one whose pod left
+        routing or whose entry expired, goes to the rank with the fewest sessions counted."""
         if not self.ready_list:
             return None
+        self._sweep_sticky(now)
         home = self.sticky_home.get(s.sid)
-        if home is None or home[0].state != READY:
+        expired = self.sticky_ttl_s is not None and now - self.sticky_seen.get(s.sid, now) >= self.sticky_ttl_s
+        if home is None or home[0].state != READY or expired:
             if home is not None:
                 self.sticky_count[home] -= 1
             workers = [(g, i) for g in self.ready_list for i in range(self.profile.engines_per_replica)]
             home = min(workers, key=lambda w: self.sticky_count.get(w, 0))
             self.sticky_count[home] = self.sticky_count.get(home, 0) + 1
             self.sticky_home[s.sid] = home
+        self.sticky_seen[s.sid] = now
         g, rank = home
         self._follow(s, g)
         return g.ranks[rank if self.n_ranks > 1 else 0]
+
+    def _sweep_sticky(self, now: float) -> None:
+        """The binary's expiry sweep: at most once a minute, on a request, every entry idle for the TTL goes
+        (ended sessions included: the router is not told that a conversation ended)."""
+        if self.sticky_ttl_s is None or now - self.sticky_swept < STICKY_SWEEP_S:
+            return
+        self.sticky_swept = now
+        for sid in [sid for sid, t in self.sticky_seen.items() if now - t >= self.sticky_ttl_s]:
+            del self.sticky_seen[sid]
+            self.sticky_count[self.sticky_home.pop(sid)] -= 1
 
     @staticmethod
     def _follow(s, g: Group) -> None:
@@ -375,9 +397,10 @@ class Fleet:
             s.replica.sessions -= 1
             s.replica = None
         self.key_hash.pop(s.sid, None)
-        home = self.sticky_home.pop(s.sid, None)
-        if home is not None:
-            self.sticky_count[home] -= 1
+        if self.sticky_ttl_s is None:
+            home = self.sticky_home.pop(s.sid, None)
+            if home is not None:
+                self.sticky_count[home] -= 1
 
     def route_prefix(self, keys: list[int]) -> Rank | None:
         """For trace replay (no session ids): the engine with the longest cached prefix among those within

@@ -19,9 +19,11 @@
   preference): what a pod-level router gets from real engines, i.e. `dataParallelAware: false`.
 * `router-sticky`: vllm-router's `sticky_least_loaded` over each pod's ranks (docs/vllm-router.md): a new
   session goes to the rank with the fewest sessions (ties to the first in worker order) and stays there until
-  its rank leaves routing; nothing moves it for load. Modelled as one router process, or several that a client-IP
-  affinity keeps each session on, and with a session leaving its rank's count when it ends (as
-  `/finish_session` or a short idle expiry would make it). Not what the operator ships: a candidate.
+  its rank leaves routing or it has been idle for the expiry; nothing moves it for load. Modelled as one router
+  process, or several that a client-IP affinity keeps each session on. By default a session leaves its rank's
+  count when it ends (a client posting `/finish_session`); with `--sticky-ttl` (the operator's
+  `stickyLeastLoaded.sessionIdleSeconds`) it counts until idle that long and a sweep, at most once a minute,
+  finds it, as the binary does when nobody tells it a conversation ended. Not the operator's default policy.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from __future__ import annotations
 import bisect
 from typing import Literal
 
+from flashserve.facts import router as router_facts
+
 ROUTINGS = ("service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky")
 Routing = Literal["service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky"]
 RING_ROUTINGS = frozenset({"router", "router-rank", "router-pod-vllm"})
 
 VIRTUAL_NODES = 160
+# sticky_least_loaded sweeps idle sessions out of its counts at most this often, on a request; a returning
+# session's own expiry is checked at once.
+STICKY_SWEEP_S = float(router_facts.SLL_SWEEP_SECS)
 _M = 0xC6A4A7935BD1E995
 _MASK = (1 << 64) - 1
 _SEED = 4193360111

@@ -69,6 +69,9 @@ class Settings:
     routing: str = "affinity"
     """How a request picks its replica (bench/routing.py): service (random per request), affinity (session
     affinity with bounded load) or router (vllm-router's consistent_hash on X-Session-ID)."""
+    sticky_ttl_s: float | None = None
+    """`router-sticky`: the router's idle expiry of a session (VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S); None, an
+    ended session leaves its rank's count at once (a client calling /finish_session)."""
     startup_model: str = "lognormal"
     """Where start-ups come from (bench/fleet.py STARTUP_MODELS): the profile's cold-only lognormal, or the
     phase model with no cache (cold), a node-local weights cache (cached-node) or a shared one (cached-shared)."""
@@ -187,7 +190,7 @@ class Simulation:
         self.max_replicas = settings.max_replicas or 2 * workload.peak_need() + 2
         self.fleet = Fleet(self.profile, settings.sla_tokens_per_s, workload.seed, startup, settings.all_ranks,
                            engines=self.engines, routing=settings.routing, startup_model=settings.startup_model,
-                           nodes=self.max_replicas)  # fmt: skip
+                           nodes=self.max_replicas, sticky_ttl_s=settings.sticky_ttl_s)  # fmt: skip
         itl_bounds = self.fleet.cfg.buckets["inter_token_latency"]
         self.prom = Prometheus(tuple(itl_bounds), tuple(DEFAULT_TTFT_BUCKETS))
         self.heap: list = []
@@ -264,7 +267,7 @@ class Simulation:
             self.fleet.end_session(s)
             return
         self.arrivals += 1
-        r = self.fleet.route_session(s)
+        r = self.fleet.route_session(s, now)
         if r is None:
             self.router_queue.append((now, s, turn))
             return
@@ -291,7 +294,7 @@ class Simulation:
         queued, self.router_queue = self.router_queue, []
         for t0, who, turn in queued:
             if isinstance(who, Session):
-                r = self.fleet.route_session(who)
+                r = self.fleet.route_session(who, now)
                 if r is None:
                     self.router_queue.append((t0, who, turn))
                     continue
@@ -480,13 +483,19 @@ class Simulation:
             knob_value=self.policy.knob_value,
             startup_median_s=self.startup_median_s,
             step_attainment=self.step_attainment(),
-            routing=self.s.routing,
+            routing=self.routing_label(),
             prefix_hit_rate=self.prefix_hit_rate(),
             timeline=self.timeline if self.s.timeline else None,
             decisions=self._decisions() if self.s.decisions else None,
             **self.startup_fields(),
             **summary,
         )
+
+    def routing_label(self) -> str:
+        """The routing model as results name it: router-sticky with an idle expiry carries it (-ttl600)."""
+        if self.s.routing == "router-sticky" and self.s.sticky_ttl_s is not None:
+            return f"router-sticky-ttl{self.s.sticky_ttl_s:g}"
+        return self.s.routing
 
     def startup_fields(self) -> dict:
         done = self.fleet.completed
