@@ -96,6 +96,8 @@ def _valid_spec(rng: random.Random) -> dict:
                            "inferencePool": {"enabled": True, **({"endpointPickerRef": picker} if picker else {})}}  # fmt: skip
         if rng.random() < 0.5:
             spec["routing"]["resources"] = {"dedicatedCpus": True, "cpu": rng.choice(["2", 4, "16"])}
+        if spec["routing"]["policy"] == "sticky_least_loaded":
+            spec["routing"]["stickyLeastLoaded"] = {"sessionIdleSeconds": rng.choice([60, 300, 86400])}
     return spec
 
 

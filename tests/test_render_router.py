@@ -296,3 +296,21 @@ def test_turning_a_stateful_policy_off_is_a_change_to_apply():
     plain = _client_service(_render({"routing": {"policy": "consistent_hash"}}))
     assert _needs_apply(plain, sticky) and _needs_apply(sticky, plain)
     assert not _needs_apply(sticky, sticky)
+
+
+def test_sticky_least_loaded_gets_its_session_expiry_in_the_router_env_and_other_policies_none():
+    """The binary has no flag for it: sessionIdleSeconds reaches the router as VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S
+    (tests/router/test_vllm_router.py: the binary reads it), only under the policy that keeps a session table."""
+    def env(routing: dict) -> dict:
+        (c,) = _router(_render({"routing": routing}))["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in c["env"]}
+
+    assert env({"policy": "sticky_least_loaded"})[router_facts.SLL_EXPIRY_ENV] == "120"
+    given = {"policy": "sticky_least_loaded", "stickyLeastLoaded": {"sessionIdleSeconds": 900}}
+    assert env(given)[router_facts.SLL_EXPIRY_ENV] == "900"
+    for policy in ("consistent_hash", "cache_aware"):
+        assert router_facts.SLL_EXPIRY_ENV not in env({"policy": policy})
+    with pytest.raises(SpecError) as err:
+        parse_serving(cr({"routing": {"stickyLeastLoaded": {"sessionIdleSeconds": 5}}}))
+    assert [e.path for e in err.value.errors] == ["spec.routing.stickyLeastLoaded.sessionIdleSeconds"], err.value.errors
+    assert "60" in err.value.errors[0].message

@@ -474,6 +474,23 @@ class CacheAwareSpec(_Model):
     """Characters each engine may hold in each model's prefix tree, enforced at eviction (`--max-tree-size`)."""
 
 
+# Shorter counts fewer ended sessions against the engines (the router sweeps them out a minute later at most),
+# longer re-places fewer live ones after a pause; two minutes is above nearly every tool pause of the
+# benchmark's sessions (median 4 s) and the load generator's (at most 60 s): docs/routing.md, "Sessions that end".
+DEFAULT_STICKY_IDLE_SECONDS = 120
+
+class StickyLeastLoadedSpec(_Model):
+    """Knobs of the `sticky_least_loaded` policy (read only when routing.policy is sticky_least_loaded)."""
+
+    session_idle_seconds: int = Field(DEFAULT_STICKY_IDLE_SECONDS, ge=60, le=86400)
+    """A session with no request for this long leaves the router's session table, and its next request is placed
+    again on the engine with the fewest sessions. The router cannot tell that a conversation ended, so an ended
+    one also counts against its engine for this long: set it a little above the longest pause inside a
+    conversation (tool runs, a person reading). Longer keeps counting sessions that have ended, and an engine
+    that joins later then takes every new session until its count catches up (docs/routing.md). Clients that
+    post a session's end to the router's /finish_session release it at once."""
+
+
 class RouterResourcesSpec(_Model):
     cpu: Quantity = "1"
     """CPU request of each router pod; without dedicatedCpus there is no CPU limit, so bursts use idle cores."""
@@ -532,6 +549,8 @@ class RoutingSpec(_Model):
     router pod (client-IP affinity). power_of_two, round_robin and random ignore sessions."""
     cache_aware: CacheAwareSpec = Field(default_factory=CacheAwareSpec)
     """Knobs of the cache_aware policy."""
+    sticky_least_loaded: StickyLeastLoadedSpec = Field(default_factory=StickyLeastLoadedSpec)
+    """Knobs of the sticky_least_loaded policy."""
     data_parallel_aware: bool = True
     """Route each request to one data-parallel rank of an engine pod, not to the pod (the router's
     --intra-node-data-parallel-size, set to the pod's ranks; the rank travels in the X-data-parallel-rank

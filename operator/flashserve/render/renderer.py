@@ -359,6 +359,14 @@ def _router_args(obj: DeepSeekServing, namespace: str) -> list[str]:
     return args
 
 
+def _router_env(routing) -> list[dict]:
+    """The router's log level; under sticky_least_loaded, its session expiry, which has no flag."""
+    env = [{"name": router_facts.LOG_ENV, "value": routing.log_level}]
+    if routing.policy == "sticky_least_loaded":
+        env.append({"name": router_facts.SLL_EXPIRY_ENV, "value": str(routing.sticky_least_loaded.session_idle_seconds)})
+    return env
+
+
 def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
     name, routing = obj.metadata["name"], obj.spec.routing
     res = routing.resources
@@ -390,7 +398,7 @@ def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
         "image": routing.image,
         "image_pull_policy": routing.image_pull_policy,
         "args": _router_args(obj, namespace),
-        "env": [{"name": router_facts.LOG_ENV, "value": routing.log_level}],
+        "env": _router_env(routing),
         "ports": [
             {"name": "http", "containerPort": routing.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": routing.metrics_port, "protocol": "TCP"},
