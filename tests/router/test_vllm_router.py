@@ -186,6 +186,39 @@ def test_sticky_least_loaded_keeps_ended_sessions_two_hours_by_default_and_sweep
         router.stop()
 
 
+def test_sticky_least_loaded_sends_every_new_session_to_a_joining_engine_until_ended_ones_are_released(
+        engines, tmp_path):
+    """Why the operator sets a short expiry and asks clients to end sessions (docs/routing.md, "Sessions that
+    end"): six sessions placed 3/3 and then abandoned still count, so an engine added afterwards takes all of
+    the next three new sessions; had the client ended them (/finish_session), the three would spread 1/1/1."""
+    third = mf.start_engines(1, tmp_path / "third", time_scale=10)
+    try:
+        for finish, expected in ((False, [0, 0, 3]), (True, [1, 1, 1])):
+            opts = RouterOptions(worker_urls=tuple(e.url for e in engines), port=free_port(),
+                                 prometheus_port=free_port(), policy="sticky_least_loaded")
+            router = VllmRouter(opts, tmp_path / f"router-join-{finish}.log").start()
+            try:
+                for i in range(6):
+                    _chat(router.base, f"old-{i} turn 0", {"X-Session-ID": f"old-{i}"})
+                if finish:
+                    for i in range(6):
+                        req = urllib.request.Request(f"{router.base}/finish_session?session_id=old-{i}", b"",
+                                                     method="POST")
+                        urllib.request.urlopen(req, timeout=10).read()
+                req = urllib.request.Request(f"{router.base}/add_worker?url={third[0].url}", b"", method="POST")
+                urllib.request.urlopen(req, timeout=30).read()
+                fleet = [*engines, *third]
+                before = [mf.counter(e.metrics(), "vllm:request_success_total") for e in fleet]
+                for i in range(3):
+                    _chat(router.base, f"new-{i} turn 0", {"X-Session-ID": f"new-{i}"})
+                after = [mf.counter(e.metrics(), "vllm:request_success_total") for e in fleet]
+                assert [b - a for a, b in zip(before, after)] == expected, (finish, before, after)
+            finally:
+                router.stop()
+    finally:
+        mf.stop_all(third)
+
+
 def test_requests_total_counts_each_inference_request_once_and_no_health_check(engines, tmp_path):
     """The autoscaler's arrival rate is `sum(rate(vllm_router_requests_total{...}))` (promql.Queries.arrival_rate):
     one count per inference request the router receives, by route, and none for probes or the model list."""
