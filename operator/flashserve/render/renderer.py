@@ -363,7 +363,8 @@ def _router_env(routing) -> list[dict]:
     """The router's log level; under sticky_least_loaded, its session expiry, which has no flag."""
     env = [{"name": router_facts.LOG_ENV, "value": routing.log_level}]
     if routing.policy == "sticky_least_loaded":
-        env.append({"name": router_facts.SLL_EXPIRY_ENV, "value": str(routing.sticky_least_loaded.session_idle_seconds)})
+        idle = routing.sticky_least_loaded.session_idle_seconds
+        env.append({"name": router_facts.SLL_EXPIRY_ENV, "value": str(idle)})
     return env
 
 

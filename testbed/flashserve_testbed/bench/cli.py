@@ -166,12 +166,12 @@ def _parser() -> argparse.ArgumentParser:
                    "load), router (vllm-router's consistent_hash on X-Session-ID over pods), router-rank (the "
                    "same over each pod's data-parallel ranks: the operator's default, dataParallelAware), "
                    "router-pod-vllm (router with vLLM's own load-only rank balancer in the pod), router-sticky "
-                   "(vllm-router's sticky_least_loaded over ranks: a candidate, not shipped); sweeps run with the "
+                   "(vllm-router's sticky_least_loaded over ranks: offered, not the default); sweeps run with the "
                    "first")
     p.add_argument("--sticky-ttl", type=float, default=None, metavar="SECONDS",
-                   help="router-sticky: the router's idle expiry of a session (VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S; "
-                   "the binary's default is 7200); unset, an ended session leaves its rank's count at once, as "
-                   "when clients call /finish_session")
+                   help="router-sticky: the router's idle expiry of a session "
+                   "(VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S; the binary's default is 7200); unset, an ended "
+                   "session leaves its rank's count at once, as when clients call /finish_session")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--decision-log", metavar="DIR",
                    help="write FlashServe's decisions (reason, readings) per run as JSON lines here")

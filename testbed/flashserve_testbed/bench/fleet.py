@@ -126,7 +126,8 @@ class FleetCounts:
 class Fleet:
     def __init__(self, profile: Profile, sla: float, seed: int, startup_median_s: float | None = None,
                  all_ranks: bool = False, engines: bool = True, routing: Routing = "affinity",
-                 startup_model: str = "lognormal", nodes: int = 0, sticky_ttl_s: float | None = None) -> None:  # fmt: skip
+                 startup_model: str = "lognormal", nodes: int = 0,
+                 sticky_ttl_s: float | None = None) -> None:  # fmt: skip
         if routing not in ROUTINGS:
             raise ValueError(f"routing: {routing!r} is not a routing model: choose {', '.join(ROUTINGS)}")
         self.profile = profile
