@@ -71,7 +71,7 @@ def replay(records: list[RequestRecord], urls: list[str], profile: str, sla: flo
         out = max(1, rec.completion_tokens)
         # the answer is cached too (the next turn starts with it); the last key is the unit it ends inside
         s.units = -(-(rec.prompt_tokens + out) // unit)
-        rank = fleet.route_session(s)
+        rank = fleet.route_session(s, rec.start)
         counts[rank.group.pod] += 1
         served[(rec.session, rec.turn)] = rank.engine.add_request(None, rec.prompt_tokens, out, rec.start, block_hashes=s.block_hashes(),
                                 hashes_cover_output=True, hashes_chained=True,
