@@ -479,6 +479,7 @@ class CacheAwareSpec(_Model):
 # benchmark's sessions (median 4 s) and the load generator's (at most 60 s): docs/routing.md, "Sessions that end".
 DEFAULT_STICKY_IDLE_SECONDS = 120
 
+
 class StickyLeastLoadedSpec(_Model):
     """Knobs of the `sticky_least_loaded` policy (read only when routing.policy is sticky_least_loaded)."""
 
