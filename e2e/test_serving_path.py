@@ -249,3 +249,45 @@ def test_dedicated_cpus_give_the_router_a_core_no_other_pod_runs_on(path_stack, 
         kubectl("delete", "dss", name, "-n", namespace, "--wait=false")
     wait_until(lambda: all(e["cpus"] == host for e in _engines(status) if e["pid"] and e["serving"] != name), 90,
                interval=1, what="the core back in the shared pool")  # fmt: skip
+
+
+def test_a_sticky_serving_gives_its_router_process_the_session_expiry(path_stack, kubectl, router_url):
+    """routing.policy sticky_least_loaded: the vllm-router the router pod runs places a session with that policy
+    and expires it after the spec's stickyLeastLoaded.sessionIdleSeconds (60 s here, where the binary's own
+    default is 2 hours): the same session, back after 61 s idle, has expired and is placed again as a new one. What the expiry
+    does to placement is tested on the binary (tests/router/test_vllm_router.py)."""
+    namespace, _, logs, _, _ = path_stack
+    name = "sticky"
+    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+          "metadata": {"name": name, "namespace": namespace},
+          "spec": {"placement": {"accelerator": "GB200"}, "replicas": 1, "routing": {
+              "replicas": 1, "policy": "sticky_least_loaded", "logLevel": "debug",
+              "stickyLeastLoaded": {"sessionIdleSeconds": 60}}}}  # fmt: skip
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+    try:
+        url = router_url(namespace, name, timeout=120)
+        router_logs = sorted((logs / "engines").glob(f"{namespace}_{router_name(name)}-*.log"))
+
+        def logged(pattern: str) -> bool:
+            return any(re.search(pattern, p.read_text(errors="replace")) for p in router_logs)
+
+        body = json.dumps({"model": "deepseek-flash", "prompt": "sticky", "max_tokens": 4}).encode()
+
+        def send() -> None:
+            req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={
+                "content-type": "application/json", "X-Session-ID": "e2e-sticky"})
+            with _LOCAL.open(req, timeout=30) as resp:
+                assert resp.status == 200
+
+        send()
+        placed = time.monotonic()
+        wait_until(lambda: logged(r"SLL: new session 'e2e-sticky'"), 10, interval=0.5,
+                   what="the router pod's log of the session it placed")  # fmt: skip
+        time.sleep(max(0.0, placed + 61 - time.monotonic()))
+        send()
+        # expired by the sweep that request runs (a minute since the last), or on its own lookup
+        expired = r"SLL: expired session 'e2e-sticky'|session 'e2e-sticky' on replica '\S+' expired, reassigning"
+        wait_until(lambda: logged(expired), 10, interval=0.5,
+                   what="the session expired after the spec's 60 s, not the binary's 2 hours")  # fmt: skip
+    finally:
+        kubectl("delete", "dss", name, "-n", namespace, "--wait=false")
