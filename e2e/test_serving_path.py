@@ -95,6 +95,15 @@ def _get(url: str) -> str:
         return resp.read().decode()
 
 
+def _complete(url: str, prompt: str, session: str) -> None:
+    """One short completion through a router at `url`, with the session key the router places it by."""
+    body = json.dumps({"model": "deepseek-flash", "prompt": prompt, "max_tokens": 4}).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={
+        "content-type": "application/json", "X-Session-ID": session})
+    with _LOCAL.open(req, timeout=30) as resp:
+        assert resp.status == 200
+
+
 def _served_per_rank(kubectl, namespace: str) -> dict[tuple[str, str], float]:
     """(engine pod IP, data-parallel rank) -> requests finished, over the serving's engine pods."""
     from flashserve_testbed.router.bench_vllm_router import per_rank
@@ -123,12 +132,8 @@ def test_the_router_the_operator_renders_sends_a_session_to_one_rank_of_one_pod(
                if line.startswith("vllm_router_worker_health{") and float(line.rsplit(" ", 1)[1]) == 1]
     assert len(workers) == 16 and all(re.fullmatch(r"http://127(\.\d+){3}:8000@[0-3]", w) for w in workers), workers
     before = _served_per_rank(kubectl, namespace)
-    body = json.dumps({"model": "deepseek-flash", "prompt": "the same session", "max_tokens": 4}).encode()
     for _ in range(3):
-        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={
-            "content-type": "application/json", "X-Session-ID": "e2e-one-rank"})
-        with _LOCAL.open(req, timeout=30) as resp:
-            assert resp.status == 200
+        _complete(url, "the same session", "e2e-one-rank")
     after = _served_per_rank(kubectl, namespace)
     moved = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
     assert list(moved.values()) == [3.0], moved
@@ -240,11 +245,7 @@ def test_dedicated_cpus_give_the_router_a_core_no_other_pod_runs_on(path_stack, 
         threads = list(Path(f"/proc/{router['pid']}/task").iterdir())
         assert {t.name: sorted(os.sched_getaffinity(int(t.name))) for t in threads} == {
             t.name: host[-1:] for t in threads}
-        body = json.dumps({"model": "deepseek-flash", "prompt": "pinned", "max_tokens": 4}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={
-            "content-type": "application/json", "X-Session-ID": "e2e-cores"})
-        with _LOCAL.open(req, timeout=30) as resp:
-            assert resp.status == 200
+        _complete(url, "pinned", "e2e-cores")
     finally:
         kubectl("delete", "dss", name, "-n", namespace, "--wait=false")
     wait_until(lambda: all(e["cpus"] == host for e in _engines(status) if e["pid"] and e["serving"] != name), 90,
@@ -254,8 +255,8 @@ def test_dedicated_cpus_give_the_router_a_core_no_other_pod_runs_on(path_stack, 
 def test_a_sticky_serving_gives_its_router_process_the_session_expiry(path_stack, kubectl, router_url):
     """routing.policy sticky_least_loaded: the vllm-router the router pod runs places a session with that policy
     and expires it after the spec's stickyLeastLoaded.sessionIdleSeconds (60 s here, where the binary's own
-    default is 2 hours): the same session, back after 61 s idle, has expired and is placed again as a new one. What the expiry
-    does to placement is tested on the binary (tests/router/test_vllm_router.py)."""
+    default is 2 hours): the same session, back after 61 s idle, has expired and is placed again as a new one.
+    What the expiry does to placement is tested on the binary (tests/router/test_vllm_router.py)."""
     namespace, _, logs, _, _ = path_stack
     name = "sticky"
     cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
@@ -271,20 +272,12 @@ def test_a_sticky_serving_gives_its_router_process_the_session_expiry(path_stack
         def logged(pattern: str) -> bool:
             return any(re.search(pattern, p.read_text(errors="replace")) for p in router_logs)
 
-        body = json.dumps({"model": "deepseek-flash", "prompt": "sticky", "max_tokens": 4}).encode()
-
-        def send() -> None:
-            req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={
-                "content-type": "application/json", "X-Session-ID": "e2e-sticky"})
-            with _LOCAL.open(req, timeout=30) as resp:
-                assert resp.status == 200
-
-        send()
+        _complete(url, "sticky", "e2e-sticky")
         placed = time.monotonic()
         wait_until(lambda: logged(r"SLL: new session 'e2e-sticky'"), 10, interval=0.5,
                    what="the router pod's log of the session it placed")  # fmt: skip
         time.sleep(max(0.0, placed + 61 - time.monotonic()))
-        send()
+        _complete(url, "sticky", "e2e-sticky")
         # expired by the sweep that request runs (a minute since the last), or on its own lookup
         expired = r"SLL: expired session 'e2e-sticky'|session 'e2e-sticky' on replica '\S+' expired, reassigning"
         wait_until(lambda: logged(expired), 10, interval=0.5,

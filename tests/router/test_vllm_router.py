@@ -48,6 +48,13 @@ def _served(engines) -> list[float]:
     return [mf.counter(e.metrics(), "vllm:request_success_total") for e in engines]
 
 
+def _finish_session(base: str, key: str) -> None:
+    """End a session the way the router's sticky_least_loaded documents: POST /finish_session?session_id=."""
+    req = urllib.request.Request(f"{base}/finish_session?session_id={key}", b"", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read()) == {"status": "ok", "session_id": key}
+
+
 def _chat(base: str, content: str, headers: dict | None = None, extra: dict | None = None) -> None:
     body = {"model": mf.SERVED, "max_tokens": 2,
             "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}], **(extra or {})}
@@ -136,9 +143,7 @@ def test_sticky_least_loaded_places_new_sessions_by_count_keeps_them_and_expires
         # two of one engine's three ended, the next two new sessions both go there
         other = 1 - homes["sll-0"]
         for key in [k for k, h in homes.items() if h == other][:2]:
-            req = urllib.request.Request(f"{router.base}/finish_session?session_id={key}", b"", method="POST")
-            with urllib.request.urlopen(req, timeout=10) as r:
-                assert json.loads(r.read()) == {"status": "ok", "session_id": key}
+            _finish_session(router.base, key)
         before = _served(engines)
         for i in range(2):
             _chat(router.base, f"fresh-{i} turn 0", {"X-Session-ID": f"fresh-{i}"})
@@ -202,9 +207,7 @@ def test_sticky_least_loaded_sends_every_new_session_to_a_joining_engine_until_e
                     _chat(router.base, f"old-{i} turn 0", {"X-Session-ID": f"old-{i}"})
                 if finish:
                     for i in range(6):
-                        req = urllib.request.Request(f"{router.base}/finish_session?session_id=old-{i}", b"",
-                                                     method="POST")
-                        urllib.request.urlopen(req, timeout=10).read()
+                        _finish_session(router.base, f"old-{i}")
                 req = urllib.request.Request(f"{router.base}/add_worker?url={third[0].url}", b"", method="POST")
                 urllib.request.urlopen(req, timeout=30).read()
                 fleet = [*engines, *third]

@@ -29,12 +29,11 @@ import random
 from dataclasses import dataclass
 
 from flashserve.autoscaling.startup import StartupSample
+from flashserve.facts import router as router_facts
 
 from flashserve.render.vllm_args import itl_buckets
 
-from flashserve_testbed.bench.routing import (
-    RING_ROUTINGS, ROUTINGS, STICKY_SWEEP_S, HashRing, Routing, fbi_hash, session_key,
-)
+from flashserve_testbed.bench.routing import RING_ROUTINGS, ROUTINGS, HashRing, Routing, fbi_hash, session_key
 from flashserve_testbed.engine import dprank
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 from flashserve_testbed.engine.profile import Profile
@@ -360,7 +359,7 @@ class Fleet:
     def _sweep_sticky(self, now: float) -> None:
         """The binary's expiry sweep: at most once a minute, on a request, every entry idle for the TTL goes
         (ended sessions included: the router is not told that a conversation ended)."""
-        if self.sticky_ttl_s is None or now - self.sticky_swept < STICKY_SWEEP_S:
+        if self.sticky_ttl_s is None or now - self.sticky_swept < router_facts.SLL_SWEEP_SECS:
             return
         self.sticky_swept = now
         for sid in [sid for sid, t in self.sticky_seen.items() if now - t >= self.sticky_ttl_s]:

@@ -31,16 +31,11 @@ from __future__ import annotations
 import bisect
 from typing import Literal
 
-from flashserve.facts import router as router_facts
-
 ROUTINGS = ("service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky")
 Routing = Literal["service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky"]
 RING_ROUTINGS = frozenset({"router", "router-rank", "router-pod-vllm"})
 
 VIRTUAL_NODES = 160
-# sticky_least_loaded sweeps idle sessions out of its counts at most this often, on a request; a returning
-# session's own expiry is checked at once.
-STICKY_SWEEP_S = float(router_facts.SLL_SWEEP_SECS)
 _M = 0xC6A4A7935BD1E995
 _MASK = (1 << 64) - 1
 _SEED = 4193360111
