@@ -15,6 +15,7 @@ from flashserve_testbed.bench.routing import (
     fbi_hash,
     furc_hash,
     murmur64a,
+    rendezvous_pick,
     session_key,
 )
 from flashserve_testbed.bench.sim import Settings, Simulation, Workload
@@ -128,7 +129,7 @@ def test_router_moves_sessions_of_a_drained_replica_and_on_scale_up(profile):
 
 def test_unknown_routing_is_refused_with_the_choices(profile):
     with pytest.raises(ValueError, match="routing: 'sticky' is not a routing model: choose service, affinity, router, router-rank, "
-                       "router-pod-vllm, router-sticky"):
+                       "router-pod-vllm, router-sticky, router-rendezvous"):
         Fleet(profile, 100.0, seed=1, routing="sticky")
 
 
@@ -241,6 +242,47 @@ def test_router_rank_pins_a_session_to_the_rank_vllm_routers_dp_ring_names(profi
     for _ in range(3):
         one.order(0.0, ready=True)
     assert {one.route_session(_Session(sid), 0.0).group.index for sid in range(1, 60)} == {0, 1, 2}
+
+
+def test_rendezvous_picks_the_highest_score_and_moves_only_the_sessions_a_changed_worker_takes_or_gives():
+    keys = [session_key(f"s{i}") for i in range(600)]
+    workers = ["a@0", "a@1", "b@0", "b@1", "c@0", "c@1"]
+    scores: dict[str, dict[str, int]] = {k: {} for k in keys}
+    before = {k: rendezvous_pick(k, workers, scores[k]) for k in keys}
+    for k in keys[:50]:  # by definition: the worker whose "<key>:<url>" hashes highest
+        assert before[k] == max(workers, key=lambda w: fbi_hash(f"{k}:{w}"))
+    counts = Counter(before.values())
+    assert set(counts) == set(workers) and max(counts.values()) < 2 * min(counts.values())
+    grown = workers + ["d@0", "d@1"]  # scale-up: a key moves only to the new pod's ranks, about a quarter of them
+    after = {k: rendezvous_pick(k, grown, scores[k]) for k in keys}
+    moved = [k for k in keys if after[k] != before[k]]
+    assert all(after[k].startswith("d@") for k in moved) and 0.15 < len(moved) / len(keys) < 0.35
+    shrunk = [w for w in grown if not w.startswith("b@")]  # b drained: only its keys move, over every other pod
+    gone = {k: rendezvous_pick(k, shrunk, scores[k]) for k in keys}
+    assert all(gone[k] == after[k] for k in keys if not after[k].startswith("b@"))
+    assert {gone[k][0] for k in keys if after[k].startswith("b@")} == {"a", "c", "d"}
+    assert rendezvous_pick("k", [], {}) is None
+
+
+def test_router_rendezvous_pins_a_session_to_its_rank_and_rescores_it_when_the_pods_change(profile):
+    f = Fleet(profile, 100.0, seed=1, routing="router-rendezvous", all_ranks=True)
+    for _ in range(3):
+        f.order(0.0, ready=True)
+    workers = [f"{g.pod}@{i}" for g in f.active for i in range(profile.engines_per_replica)]
+    sessions = [_Session(sid) for sid in range(1, 150)]
+    homes = {}
+    for s in sessions:
+        rank = homes[s.sid] = f.route_session(s, 0.0)
+        assert f"{rank.group.pod}@{rank.index}" == rendezvous_pick(session_key(f"s{s.sid}"), workers, {})
+        assert all(f.route_session(s, 0.0) is rank for _ in range(2))
+    assert len({(r.group.index, r.index) for r in homes.values()}) == len(workers)
+    new = f.order(1.0, ready=True)  # a pod joins: a session moves only to one of its ranks
+    again = {s.sid: f.route_session(s, 1.0) for s in sessions}
+    moved = [sid for sid in again if again[sid] is not homes[sid]]
+    assert moved and all(again[sid].group is new for sid in moved)
+    assert [g.sessions for g in f.active] == [sum(r.group is g for r in again.values()) for g in f.active]
+    f.end_session(sessions[0])
+    assert sessions[0].sid not in f.hrw_scores and sessions[0].sid not in f.hrw_home
 
 
 def test_router_pod_vllm_balances_ranks_by_load_only(profile):

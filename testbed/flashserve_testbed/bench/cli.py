@@ -3,7 +3,7 @@
     flashserve bench autoscale [--quick] [--json PATH] [--csv PATH] [--out DIR] [--seeds N ...]
                                [--scenarios NAME ...] [--policies NAME ...] [--trace FILE ...] [--jobs N]
                                [--scenario-file FILE.yaml ...]
-                               [--routing service|affinity|router|router-rank|router-pod-vllm|router-sticky ...]
+                               [--routing MODEL ...] [--sticky-ttl SECONDS]
                                [--startup-model lognormal|cold|cached-node|cached-shared]
                                [--startups SECONDS ...] [--spec-startup SECONDS] [--no-startup-learning]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
@@ -166,8 +166,8 @@ def _parser() -> argparse.ArgumentParser:
                    "load), router (vllm-router's consistent_hash on X-Session-ID over pods), router-rank (the "
                    "same over each pod's data-parallel ranks: the operator's default, dataParallelAware), "
                    "router-pod-vllm (router with vLLM's own load-only rank balancer in the pod), router-sticky "
-                   "(vllm-router's sticky_least_loaded over ranks: offered, not the default); sweeps run with the "
-                   "first")
+                   "(vllm-router's sticky_least_loaded over ranks: offered, not the default), router-rendezvous "
+                   "(rendezvous_hash over ranks: in vllm-router's source, in no release); sweeps run with the first")
     p.add_argument("--sticky-ttl", type=float, default=None, metavar="SECONDS",
                    help="router-sticky: the router's idle expiry of a session "
                    "(VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S; the binary's default is 7200); unset, an ended "

@@ -33,7 +33,16 @@ from flashserve.facts import router as router_facts
 
 from flashserve.render.vllm_args import itl_buckets
 
-from flashserve_testbed.bench.routing import RING_ROUTINGS, ROUTINGS, HashRing, Routing, fbi_hash, session_key
+from flashserve_testbed.bench.routing import (
+    RANK_WORKER_ROUTINGS,
+    RING_ROUTINGS,
+    ROUTINGS,
+    HashRing,
+    Routing,
+    fbi_hash,
+    rendezvous_pick,
+    session_key,
+)
 from flashserve_testbed.engine import dprank
 from flashserve_testbed.engine.perfmodel import Engine, EngineConfig
 from flashserve_testbed.engine.profile import Profile
@@ -143,6 +152,8 @@ class Fleet:
         /finish_session); seconds, the binary's idle expiry (VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S): a session
         counts until it has been idle that long, found by a sweep at most once a minute."""
         self.sticky_swept = 0.0
+        self.hrw_scores: dict[int, dict[str, int]] = {}  # `router-rendezvous`: session id -> its score per worker
+        self.hrw_home: dict[int, str] = {}  # `router-rendezvous`: session id -> its worker, until the set changes
         self.engines = engines
         """False: groups get no engine model (the fluid model keeps their state itself)."""
         self.n_ranks = profile.engines_per_replica if all_ranks else 1
@@ -251,13 +262,18 @@ class Fleet:
         if self.routing in RING_ROUTINGS:
             self.by_worker = dict(self._ring_workers())
             self.ring.update(list(self.by_worker))
+        elif self.routing == "router-rendezvous":
+            workers = dict(self._ring_workers())
+            if workers.keys() != self.by_worker.keys():
+                self.hrw_home.clear()  # every session is scored again over the new set (most keep their worker)
+            self.by_worker = workers
 
     def _ring_workers(self):
         """The router's workers: each ready pod, or with DP-aware routing (`router-rank`) each of its ranks as
         `<pod>@<rank>` (vllm-router's worker URL form). With one representative rank simulated per replica,
         a pod's ranks all lead to it: the pod's share is then the sum of its ranks' shares of the ring."""
         for g in self.ready_list:
-            if self.routing == "router-rank":
+            if self.routing in RANK_WORKER_ROUTINGS:
                 for i in range(self.profile.engines_per_replica):
                     yield f"{g.pod}@{i}", (g, i if self.n_ranks > 1 else 0)
             else:
@@ -305,6 +321,8 @@ class Fleet:
             return self._route_ring(s)
         if self.routing == "router-sticky":
             return self._route_sticky(s, now)
+        if self.routing == "router-rendezvous":
+            return self._route_rendezvous(s)
         return self._route_affinity(s)
 
     def _route_random(self, keys: list[int]) -> Rank | None:
@@ -332,6 +350,17 @@ class Fleet:
         if h is None:
             h = self.key_hash[s.sid] = fbi_hash(session_key(f"s{s.sid}"))
         worker = self.ring.lookup_hash(h)
+        self._follow(s, self.by_worker[worker][0])
+        return self._ring_rank(worker, s.block_hashes())
+
+    def _route_rendezvous(self, s) -> Rank | None:
+        """vllm-router's (unreleased) rendezvous_hash on `X-Session-ID: s<sid>` over the ready pods' ranks."""
+        if not self.ready_list:
+            return None
+        worker = self.hrw_home.get(s.sid)
+        if worker is None:
+            scores = self.hrw_scores.setdefault(s.sid, {})
+            worker = self.hrw_home[s.sid] = rendezvous_pick(session_key(f"s{s.sid}"), self.by_worker, scores)
         self._follow(s, self.by_worker[worker][0])
         return self._ring_rank(worker, s.block_hashes())
 
@@ -397,6 +426,8 @@ class Fleet:
             s.replica.sessions -= 1
             s.replica = None
         self.key_hash.pop(s.sid, None)
+        self.hrw_scores.pop(s.sid, None)
+        self.hrw_home.pop(s.sid, None)
         if self.sticky_ttl_s is None:
             home = self.sticky_home.pop(s.sid, None)
             if home is not None:
@@ -413,6 +444,10 @@ class Fleet:
             if not self.ready_list:
                 return None
             return self._ring_rank(self.ring.lookup_hash(self.route_rng.getrandbits(64)), keys)
+        if self.routing == "router-rendezvous":  # the same fallback: each request's own text picks its worker
+            if not self.ready_list:
+                return None
+            return self._ring_rank(self.route_rng.choice(list(self.by_worker)), keys)
         ranks = [r for g in self.ready_list for r in g.ranks]
         if not ranks:
             return None

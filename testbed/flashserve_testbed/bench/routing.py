@@ -24,6 +24,13 @@
   count when it ends (a client posting `/finish_session`); with `--sticky-ttl` (the operator's
   `stickyLeastLoaded.sessionIdleSeconds`) it counts until idle that long and a sweep, at most once a minute,
   finds it, as the binary does when nobody tells it a conversation ended. Not the operator's default policy.
+* `router-rendezvous`: `rendezvous_hash`, a policy in vllm-router's source after 0.1.17 and in no release on PyPI
+  (docs/vllm-router.md, "Where a load bound would come from"), over each pod's ranks like `router-rank`: a key goes
+  to the worker with the highest `fbi_hash("<key>:<url>")` (the last of equal scores, as Rust's `max_by_key`
+  picks), so each session lands on a worker drawn uniformly, with no ring shares to skew it, and a changed worker
+  set moves only the sessions of a removed worker or those a new one outscores. No load bound either: the
+  sessions' own draw is what the engines get. Modelled to tell how much of the ring's cost a release of it would
+  take away; the operator cannot offer it.
 """
 
 from __future__ import annotations
@@ -31,9 +38,12 @@ from __future__ import annotations
 import bisect
 from typing import Literal
 
-ROUTINGS = ("service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky")
-Routing = Literal["service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky"]
+ROUTINGS = ("service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky", "router-rendezvous")
+Routing = Literal["service", "affinity", "router", "router-rank", "router-pod-vllm", "router-sticky",
+                  "router-rendezvous"]
 RING_ROUTINGS = frozenset({"router", "router-rank", "router-pod-vllm"})
+# the routings whose router lists each pod's ranks as its workers, `<pod>@<rank>` (DP-aware)
+RANK_WORKER_ROUTINGS = frozenset({"router-rank", "router-rendezvous"})
 
 VIRTUAL_NODES = 160
 _M = 0xC6A4A7935BD1E995
@@ -118,6 +128,19 @@ def fbi_hash(key: str) -> int:
 def session_key(session_id: str) -> str:
     """The hash key vllm-router extracts from an `X-Session-ID: <id>` header (it wins over the body's fields)."""
     return f"header:x-session-id:{session_id}"
+
+
+def rendezvous_pick(key: str, workers, scores: dict[str, int]) -> str | None:
+    """vllm-router's `rendezvous_hash` choice of worker for a hash key: the highest `fbi_hash("<key>:<url>")`,
+    the last of equal ones. `scores` keeps the key's score per worker across calls (a worker's never changes)."""
+    best, best_score = None, -1
+    for w in workers:
+        score = scores.get(w)
+        if score is None:
+            score = scores[w] = fbi_hash(f"{key}:{w}")
+        if score >= best_score:
+            best, best_score = w, score
+    return best
 
 
 class HashRing:
