@@ -15,6 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 from flashserve.facts import router as router_facts
+from flashserve_testbed.bench.routing import rendezvous_pick, session_key
 from flashserve_testbed.localcluster.procs import end
 from flashserve_testbed.router import mockfleet as mf
 from flashserve_testbed.router.vllm_router import (
@@ -291,6 +292,49 @@ def test_the_session_key_reaches_the_log_at_info_and_not_at_the_shipped_warn(eng
     assert key in routed_log("info", flag="warning"), "the router now honours --log-level warning: use the flag"
     shipped = routed_log(router_facts.DEFAULT_LOG_LEVEL)
     assert key not in shipped and " INFO " not in shipped, shipped[-2000:]
+
+
+def test_rendezvous_hash_is_reached_only_through_igw_worker_labels_and_routes_as_the_simulator_models(
+        engines, tmp_path, vllm_router_bin):
+    """vllm-router 0.1.17 carries `rendezvous_hash` (docs/vllm-router.md, "Where a load bound would come from"):
+    `--policy` refuses it, and a model takes it only from the first worker registered in IGW mode through
+    `POST /workers` with the label `policy: rendezvous_hash`, which the pod discovery the operator uses never
+    sends. Routed that way, every session goes where the simulator's `rendezvous_pick` (bench/routing.py) says."""
+    refused = subprocess.run([str(vllm_router_bin), "--policy", "rendezvous_hash", "--host", "127.0.0.1"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "invalid choice: 'rendezvous_hash'" in refused.stderr
+    port, log = free_port(), tmp_path / "router-igw.log"
+    cmd = [str(vllm_router_bin), "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+           "--prometheus-port", str(free_port()), "--policy", "consistent_hash", "--enable-igw"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "NO_COLOR": "1", router_facts.LOG_ENV: "info"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
+                time.sleep(0.2)
+        for e in engines:
+            body = json.dumps({"url": e.url, "labels": {"policy": "rendezvous_hash"}}).encode()
+            req = urllib.request.Request(base + "/workers", body, {"content-type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert json.loads(r.read())["success"] is True
+        keys = [f"hrw-{i}" for i in range(24)]
+        for key in keys:
+            _chat(base, f"{key} turn 0", {"X-Session-ID": key})
+    finally:
+        end(proc)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
+    assert "Assigning policy rendezvous_hash to new model" in text
+    chosen = dict(re.findall(r"Rendezvous hash routing: key='header:x-session-id:([^']+)' -> worker='([^']+)'", text))
+    urls = [e.url.rstrip("/") for e in engines]
+    assert chosen == {k: rendezvous_pick(session_key(k), urls, {}) for k in keys}
+    assert set(chosen.values()) == set(urls)
 
 
 def test_argv_binds_loopback_and_passes_the_options():

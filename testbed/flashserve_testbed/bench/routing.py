@@ -24,7 +24,7 @@
   count when it ends (a client posting `/finish_session`); with `--sticky-ttl` (the operator's
   `stickyLeastLoaded.sessionIdleSeconds`) it counts until idle that long and a sweep, at most once a minute,
   finds it, as the binary does when nobody tells it a conversation ended. Not the operator's default policy.
-* `router-rendezvous`: `rendezvous_hash`, a policy in vllm-router's source after 0.1.17 and in no release on PyPI
+* `router-rendezvous`: `rendezvous_hash`, a policy compiled into vllm-router 0.1.17's library that nothing selects
   (docs/vllm-router.md, "Where a load bound would come from"), over each pod's ranks like `router-rank`: a key goes
   to the worker with the highest `fbi_hash("<key>:<url>")` (the last of equal scores, as Rust's `max_by_key`
   picks), so each session lands on a worker drawn uniformly, with no ring shares to skew it, and a changed worker
