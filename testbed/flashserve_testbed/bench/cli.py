@@ -167,7 +167,8 @@ def _parser() -> argparse.ArgumentParser:
                    "same over each pod's data-parallel ranks: the operator's default, dataParallelAware), "
                    "router-pod-vllm (router with vLLM's own load-only rank balancer in the pod), router-sticky "
                    "(vllm-router's sticky_least_loaded over ranks: offered, not the default), router-rendezvous "
-                   "(rendezvous_hash over ranks: in vllm-router 0.1.17's library, not selectable); sweeps run with the first")
+                   "(its rendezvous_hash over ranks: in 0.1.17's library, not selectable); sweeps run with the "
+                   "first")
     p.add_argument("--sticky-ttl", type=float, default=None, metavar="SECONDS",
                    help="router-sticky: the router's idle expiry of a session "
                    "(VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S; the binary's default is 7200); unset, an ended "

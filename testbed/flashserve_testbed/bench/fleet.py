@@ -269,7 +269,7 @@ class Fleet:
             self.by_worker = workers
 
     def _ring_workers(self):
-        """The router's workers: each ready pod, or with DP-aware routing (`router-rank`) each of its ranks as
+        """The router's workers: each ready pod, or with DP-aware routing (RANK_WORKER_ROUTINGS) each of its ranks as
         `<pod>@<rank>` (vllm-router's worker URL form). With one representative rank simulated per replica,
         a pod's ranks all lead to it: the pod's share is then the sum of its ranks' shares of the ring."""
         for g in self.ready_list:
@@ -354,7 +354,8 @@ class Fleet:
         return self._ring_rank(worker, s.block_hashes())
 
     def _route_rendezvous(self, s) -> Rank | None:
-        """vllm-router's (unreleased) rendezvous_hash on `X-Session-ID: s<sid>` over the ready pods' ranks."""
+        """vllm-router's rendezvous_hash (in 0.1.17, not selectable by --policy) on `X-Session-ID: s<sid>` over
+        the ready pods' ranks."""
         if not self.ready_list:
             return None
         worker = self.hrw_home.get(s.sid)

@@ -29,8 +29,8 @@
   to the worker with the highest `fbi_hash("<key>:<url>")` (the last of equal scores, as Rust's `max_by_key`
   picks), so each session lands on a worker drawn uniformly, with no ring shares to skew it, and a changed worker
   set moves only the sessions of a removed worker or those a new one outscores. No load bound either: the
-  sessions' own draw is what the engines get. Modelled to tell how much of the ring's cost a release of it would
-  take away; the operator cannot offer it.
+  sessions' own draw is what the engines get. Modelled to tell how much of the ring's cost offering it would take
+  away; the operator does not offer it (only IGW mode's worker API selects it).
 """
 
 from __future__ import annotations
