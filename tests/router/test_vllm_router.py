@@ -10,6 +10,7 @@ import re
 import subprocess
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import openai
@@ -294,6 +295,40 @@ def test_the_session_key_reaches_the_log_at_info_and_not_at_the_shipped_warn(eng
     assert key not in shipped and " INFO " not in shipped, shipped[-2000:]
 
 
+def _igw_router(tmp_path: Path, binary: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
+    """vllm-router in IGW mode with no worker: workers come through its `POST /workers`, as no flag sets them."""
+    port, log = free_port(), tmp_path / "router-igw.log"
+    cmd = [str(binary), "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+           "--prometheus-port", str(free_port()), "--policy", "consistent_hash", "--enable-igw", *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "NO_COLOR": "1", router_facts.LOG_ENV: "info"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2).read()
+            return proc, base, log
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                end(proc)
+                raise AssertionError(log.read_text()[-2000:]) from None
+            time.sleep(0.2)
+
+
+def _register(base: str, url: str, **fields) -> None:
+    body = json.dumps({"url": url, "labels": {"policy": "rendezvous_hash"}, **fields}).encode()
+    req = urllib.request.Request(base + "/workers", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert json.loads(r.read())["success"] is True
+
+
+def _rendezvous_choices(log: Path) -> dict[str, str]:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
+    assert "Assigning policy rendezvous_hash to new model" in text
+    return dict(re.findall(r"Rendezvous hash routing: key='header:x-session-id:([^']+)' -> worker='([^']+)'", text))
+
+
 def test_rendezvous_hash_is_reached_only_through_igw_worker_labels_and_routes_as_the_simulator_models(
         engines, tmp_path, vllm_router_bin):
     """vllm-router 0.1.17 carries `rendezvous_hash` (docs/vllm-router.md, "Where a load bound would come from"):
@@ -303,38 +338,46 @@ def test_rendezvous_hash_is_reached_only_through_igw_worker_labels_and_routes_as
     refused = subprocess.run([str(vllm_router_bin), "--policy", "rendezvous_hash", "--host", "127.0.0.1"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "invalid choice: 'rendezvous_hash'" in refused.stderr
-    port, log = free_port(), tmp_path / "router-igw.log"
-    cmd = [str(vllm_router_bin), "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-           "--prometheus-port", str(free_port()), "--policy", "consistent_hash", "--enable-igw"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "NO_COLOR": "1", router_facts.LOG_ENV: "info"})
-    base = f"http://127.0.0.1:{port}"
+    proc, base, log = _igw_router(tmp_path, vllm_router_bin)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
-                time.sleep(0.2)
         for e in engines:
-            body = json.dumps({"url": e.url, "labels": {"policy": "rendezvous_hash"}}).encode()
-            req = urllib.request.Request(base + "/workers", body, {"content-type": "application/json"})
-            with urllib.request.urlopen(req, timeout=30) as r:
-                assert json.loads(r.read())["success"] is True
+            _register(base, e.url)
         keys = [f"hrw-{i}" for i in range(24)]
         for key in keys:
             _chat(base, f"{key} turn 0", {"X-Session-ID": key})
     finally:
         end(proc)
-    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
-    assert "Assigning policy rendezvous_hash to new model" in text
-    chosen = dict(re.findall(r"Rendezvous hash routing: key='header:x-session-id:([^']+)' -> worker='([^']+)'", text))
+    chosen = _rendezvous_choices(log)
     urls = [e.url.rstrip("/") for e in engines]
     assert chosen == {k: rendezvous_pick(session_key(k), urls, {}) for k in keys}
     assert set(chosen.values()) == set(urls)
+
+
+def test_rendezvous_hash_routes_per_rank_when_igw_workers_are_registered_as_rank_urls(tmp_path, vllm_router_bin):
+    """The per-rank form the operator ships (`dataParallelAware`) also works this way: with
+    `--intra-node-data-parallel-size 4`, workers registered as `<engine url>@<rank>` with the served model's
+    name are scored per rank as the simulator's `router-rendezvous` does, and each request reaches the rank
+    chosen (the engine counts it under that rank's `engine` label)."""
+    fleet = mf.start_engines(1, tmp_path / "engines", flags=("--data-parallel-size", "4"), time_scale=10)
+    proc, base, log = _igw_router(tmp_path, vllm_router_bin, "--intra-node-data-parallel-size", "4")
+    try:
+        ranks = [f"{fleet[0].url.rstrip('/')}@{i}" for i in range(4)]
+        for url in ranks:
+            _register(base, url, model_id=mf.SERVED)
+        keys = [f"rank-{i}" for i in range(24)]
+        for key in keys:
+            _chat(base, f"{key} turn 0", {"X-Session-ID": key})
+        served = Counter()
+        for m in re.finditer(r'^vllm:request_success_total\{engine="(\d+)"[^}]*\} ([0-9.]+)$', fleet[0].metrics(),
+                             re.M):
+            served[int(m.group(1))] += float(m.group(2))
+    finally:
+        end(proc)
+        mf.stop_all(fleet)
+    chosen = _rendezvous_choices(log)
+    assert chosen == {k: rendezvous_pick(session_key(k), ranks, {}) for k in keys}
+    expected = Counter(int(url.rsplit("@", 1)[1]) for url in chosen.values())
+    assert +served == {rank: float(n) for rank, n in expected.items()} and len(expected) > 1
 
 
 def test_argv_binds_loopback_and_passes_the_options():
