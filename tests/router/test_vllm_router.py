@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -334,7 +335,8 @@ def test_rendezvous_hash_is_reached_only_through_igw_worker_labels_and_routes_as
     """vllm-router 0.1.17 carries `rendezvous_hash` (docs/vllm-router.md, "Where a load bound would come from"):
     `--policy` refuses it, and a model takes it only from the first worker registered in IGW mode through
     `POST /workers` with the label `policy: rendezvous_hash`, which the pod discovery the operator uses never
-    sends. Routed that way, every session goes where the simulator's `rendezvous_pick` (bench/routing.py) says."""
+    sends. Routed that way, every session goes where the simulator's `rendezvous_pick` (bench/routing.py) says,
+    and a worker removed with `DELETE /workers/<url>` leaves `GET /workers` and takes no more sessions."""
     refused = subprocess.run([str(vllm_router_bin), "--policy", "rendezvous_hash", "--host", "127.0.0.1"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "invalid choice: 'rendezvous_hash'" in refused.stderr
@@ -345,12 +347,23 @@ def test_rendezvous_hash_is_reached_only_through_igw_worker_labels_and_routes_as
         keys = [f"hrw-{i}" for i in range(24)]
         for key in keys:
             _chat(base, f"{key} turn 0", {"X-Session-ID": key})
+        gone = engines[0].url.rstrip("/")  # what a registrar does when a pod leaves: DELETE /workers/<url>
+        req = urllib.request.Request(f"{base}/workers/{urllib.parse.quote(gone, safe='')}", method="DELETE")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["success"] is True
+        with urllib.request.urlopen(base + "/workers", timeout=30) as r:
+            assert [w["url"] for w in json.loads(r.read())["workers"]] == [engines[1].url.rstrip("/")]
+        for key in keys[:6]:
+            _chat(base, f"{key} turn 1", {"X-Session-ID": key})
     finally:
         end(proc)
-    chosen = _rendezvous_choices(log)
     urls = [e.url.rstrip("/") for e in engines]
+    lines = re.findall(r"Rendezvous hash routing: key='header:x-session-id:([^']+)' -> worker='([^']+)'",
+                       re.sub(r"\x1b\[[0-9;]*m", "", log.read_text()))
+    chosen = dict(lines[:24])
     assert chosen == {k: rendezvous_pick(session_key(k), urls, {}) for k in keys}
     assert set(chosen.values()) == set(urls)
+    assert lines[24:] == [(k, urls[1]) for k in keys[:6]]
 
 
 def test_rendezvous_hash_routes_per_rank_when_igw_workers_are_registered_as_rank_urls(tmp_path, vllm_router_bin):
