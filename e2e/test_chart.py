@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from flashserve.render.naming import group_name
+from flashserve.render.naming import group_name, router_name
 
 from e2e.conftest import CRD_NAME
 from e2e.support import OperatorProcess, condition, get_json, wait_established, wait_until
@@ -193,6 +193,18 @@ def test_helm_install_namespaced_operator_reconciles_and_autoscales_with_chart_r
             reasons = {e["reason"] for e in events["items"]}
             assert "Scaled" in reasons and "GroupsCreated" in reasons, reasons
             assert {s["metadata"]["name"] for s in get_json(kubectl, "-n", target, "sts")["items"]} == {group_name("flash", 0), group_name("flash", 1)}
+
+            # The router pods may connect to their engines and the API server only (docs/routing.md, "Who can
+            # steer the router"): the operator read the API server's addresses by name with the chart's RBAC.
+            assert can_i(kubectl, sa_user, "get", "endpointslices.discovery.k8s.io/kubernetes", "-n", "default")
+            assert not can_i(kubectl, sa_user, "list", "endpointslices.discovery.k8s.io", "-n", "default")
+            api_slice = get_json(kubectl, "-n", "default", "endpointslice", "kubernetes")
+            want = {(f"{a}/32", p["port"]) for ep in api_slice["endpoints"] for a in ep["addresses"]
+                    for p in api_slice["ports"]}  # fmt: skip
+            netpol = get_json(kubectl, "-n", target, "networkpolicy", router_name("flash"))
+            got = {(peer["ipBlock"]["cidr"], port["port"]) for rule in netpol["spec"].get("egress", [])
+                   for peer in rule["to"] if "ipBlock" in peer for port in rule["ports"]}  # fmt: skip
+            assert netpol["spec"]["policyTypes"] == ["Ingress", "Egress"] and got == want, netpol["spec"]
 
             # A hand edit of the autoscaler's bounds goes through the same path: scale down to the new minimum.
             kubectl("-n", target, "patch", "dss", "flash", "--type=merge",

@@ -22,6 +22,7 @@ from tests.differential_corpus import corpus
 # Custom resources of other projects (the NVIDIA DRA driver's ComputeDomain, the inference gateway's
 # InferencePool: e2e/test_inferencepool.py installs the project's copy of its CRD) are not installed here.
 NOT_INSTALLED = {"ComputeDomain", "InferencePool"}
+API_SERVER = (("10.96.0.1/32", 443), ("192.0.2.2/32", 6443), ("fd00::1/128", 6443))
 
 
 def _dry_run(kube, namespace: str, obj: dict) -> str | None:
@@ -58,7 +59,9 @@ def test_every_child_of_an_admitted_serving_is_admitted(kube, crd_installed, nam
             servings.append((case.klass, parse_serving(case.obj)))
         except SpecError:
             continue
-    children = [(klass, child) for klass, s in servings for child in render_serving(s, replicas=min(1, s.spec.replicas) or 1)
+    # With the API server's addresses known, so the routers' egress rules (IPv4 and IPv6 blocks) go too.
+    children = [(klass, child) for klass, s in servings
+                for child in render_serving(s, replicas=min(1, s.spec.replicas) or 1, api_server=API_SERVER)
                 if child["kind"] not in NOT_INSTALLED]  # fmt: skip
     started = time.monotonic()
     with ThreadPoolExecutor(4) as pool:

@@ -1,5 +1,5 @@
-"""Ingress semantics of networking.k8s.io/v1 NetworkPolicy, as a pure function, for tests: would Kubernetes let
-a connection from one pod reach a port of another?
+"""Ingress and egress semantics of networking.k8s.io/v1 NetworkPolicy, as a pure function, for tests: would
+Kubernetes let a connection from one pod reach a port of another pod or address?
 
 The local cluster enforces no NetworkPolicy, so the rendered policies are checked by evaluating them here.
 The rules follow the Kubernetes API reference (NetworkPolicySpec, NetworkPolicyIngressRule, NetworkPolicyPeer,
@@ -18,6 +18,10 @@ NetworkPolicyPort, LabelSelector):
 - A port entry: `protocol` defaults to TCP; `port` left out matches every port of that protocol; a number
   matches it (up to `endPort` when given); a name matches the destination container port of that name.
 - Every namespace carries `kubernetes.io/metadata.name: <name>` (the API server sets it).
+- Egress mirrors ingress: a pod is isolated for egress when a policy selecting it has `Egress` among its
+  `policyTypes`, and then connects only where some egress rule's `to` matches the destination (a pod, or an
+  address outside the cluster given as a Pod with only `ip`) and its `ports` the port. A connection passes
+  when the source's egress and the destination's ingress both admit it.
 """
 
 from __future__ import annotations
@@ -103,24 +107,32 @@ def _port_matches(entry: dict, dst: Pod, port: int, protocol: str) -> bool:
     return want <= port <= entry.get("endPort", want)
 
 
-def _rule_admits(rule: dict, policy_namespace: str, src: Pod, dst: Pod, port: int, protocol: str) -> bool:
-    peers, ports = rule.get("from") or [], rule.get("ports") or []
-    if peers and not any(_peer_matches(p, policy_namespace, src) for p in peers):
+def _rule_admits(rule: dict, direction: str, policy_namespace: str, peer: Pod, dst: Pod, port: int,
+                 protocol: str) -> bool:  # fmt: skip
+    """`peer` is the source for an ingress rule and the destination for an egress rule."""
+    peers, ports = rule.get("from" if direction == "Ingress" else "to") or [], rule.get("ports") or []
+    if peers and not any(_peer_matches(p, policy_namespace, peer) for p in peers):
         return False
     return not ports or any(_port_matches(e, dst, port, protocol) for e in ports)
+
+
+def _admits(policies: list[dict], direction: str, src: Pod, dst: Pod, port: int, protocol: str) -> bool:
+    isolated, peer = (dst, src) if direction == "Ingress" else (src, dst)
+    isolating = [
+        p for p in policies
+        if p["kind"] == "NetworkPolicy" and _selects(p, isolated) and direction in _policy_types(p["spec"])
+    ]  # fmt: skip
+    if not isolating:
+        return True
+    return any(
+        _rule_admits(rule, direction, p["metadata"]["namespace"], peer, dst, port, protocol)
+        for p in isolating
+        for rule in p["spec"].get(direction.lower()) or []
+    )
 
 
 def allowed(policies: list[dict], src: Pod, dst: Pod, port: int, protocol: str = "TCP") -> bool:
     """Whether Kubernetes admits a connection from `src` to `dst` on `port`, given every NetworkPolicy of the
     cluster (policies of other namespaces are ignored, as the API server scopes them)."""
-    isolating = [
-        p for p in policies
-        if p["kind"] == "NetworkPolicy" and _selects(p, dst) and "Ingress" in _policy_types(p["spec"])
-    ]  # fmt: skip
-    if not isolating:
-        return True
-    return any(
-        _rule_admits(rule, p["metadata"]["namespace"], src, dst, port, protocol)
-        for p in isolating
-        for rule in p["spec"].get("ingress") or []
-    )
+    return (_admits(policies, "Egress", src, dst, port, protocol)
+            and _admits(policies, "Ingress", src, dst, port, protocol))  # fmt: skip

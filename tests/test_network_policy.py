@@ -121,6 +121,42 @@ def test_router_policy_matrix():
     }  # fmt: skip
 
 
+APISERVER = (("192.0.2.2/32", 6443), ("10.96.0.1/32", 443))
+
+
+def test_router_egress_reaches_the_serving_engines_and_the_api_server_only():
+    """vllm-router adds any worker a client of its API port names (/add_worker), so the router pods may
+    connect only to the serving's engines, on their API port, and to the API server it watches."""
+    c = cr({"parallelism": {"nodesPerReplica": 2}, "replicas": 2}, name="flash")
+    c["metadata"]["namespace"] = NS
+    flash, other = render(c, api_server=APISERVER), _serving("other")
+    policies, router = _policies(flash, other), _router_pod(flash)
+    (rule,) = [p for p in _policies(flash) if p["metadata"]["name"].endswith("router")]
+    assert rule["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    reachable = {
+        "engine, API port": (_engine_pod(flash, 1), API, True),
+        "engine, RPC port": (_engine_pod(flash, 0), RPC, False),
+        "API server": (Pod("", ip="192.0.2.2"), 6443, True),
+        "API server's ClusterIP": (Pod("", ip="10.96.0.1"), 443, True),
+        "API server, another port": (Pod("", ip="192.0.2.2"), API, False),
+        "a client's own server": (Pod("", ip="203.0.113.9"), API, False),
+        "cloud metadata": (Pod("", ip="169.254.169.254"), 80, False),
+        "another serving's engine": (_engine_pod(other, 0), API, False),
+        "a pod of another namespace": (Pod("elsewhere", {"app": "x"}, ip="10.0.3.3"), API, False),
+    }
+    got = {who: allowed(policies, router, dst, port) for who, (dst, port, _) in reachable.items()}
+    assert got == {who: want for who, (_, _, want) in reachable.items()}
+    assert allowed(policies, Pod(NS, {"app": "client"}), router, API), "clients still reach the router"
+
+
+def test_router_egress_stays_open_while_the_api_servers_addresses_are_unknown():
+    """Without them an egress rule would cut the router off its discovery; the operator says so in its log."""
+    flash = _serving()
+    (rule,) = [p for p in _policies(flash) if p["metadata"]["name"].endswith("router")]
+    assert rule["spec"]["policyTypes"] == ["Ingress"] and "egress" not in rule["spec"]
+    assert allowed(_policies(flash), _router_pod(flash), Pod("", ip="203.0.113.9"), API)
+
+
 def test_routing_off_leaves_no_router_policy_and_no_router_rule():
     c = cr({"routing": {"enabled": False}})
     c["metadata"]["namespace"] = NS
@@ -219,6 +255,18 @@ def test_eval_peers():
     assert allowed([by_name], C_OTHER_NS, A, 1)
     cidr = _policy("a", {}, [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]}])
     assert allowed([cidr], Pod("x", ip="10.2.3.4"), A, 1) and not allowed([cidr], Pod("x", ip="10.1.3.4"), A, 1)
+
+
+def test_eval_egress_isolates_the_source_and_both_ends_must_admit():
+    to_db = _policy("a", {"matchLabels": {"app": "web"}}, None, policyTypes=["Egress"],
+                    egress=[{"to": [{"podSelector": {"matchLabels": {"app": "db"}}}], "ports": [{"port": 5432}]}])
+    assert allowed([to_db], A, B_SAME_NS, 5432) and not allowed([to_db], A, B_SAME_NS, 5433)
+    assert not allowed([to_db], A, C_OTHER_NS, 5432), "a podSelector alone picks the policy's namespace"
+    assert allowed([to_db], B_SAME_NS, A, 1), "the destination's egress rules say nothing of what reaches it"
+    to_block = _policy("a", {}, None, policyTypes=["Egress"], egress=[{"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}])
+    assert allowed([to_block], A, Pod("", ip="192.0.2.7"), 1) and not allowed([to_block], A, Pod("", ip="10.0.0.1"), 1)
+    db_closed = _policy("a", {"matchLabels": {"app": "db"}}, [])
+    assert not allowed([to_db, db_closed], A, B_SAME_NS, 5432), "the destination's ingress must admit it too"
 
 
 def test_eval_ports_and_expressions():

@@ -32,9 +32,9 @@ def renders(monkeypatch) -> list[tuple]:
         seen.append(("group", obj.metadata["name"], index))
         return group(obj, index)
 
-    def counted_shared(obj, operator_namespace):
+    def counted_shared(obj, operator_namespace, api_server):
         seen.append(("shared", obj.metadata["name"], None))
-        return shared(obj, operator_namespace)
+        return shared(obj, operator_namespace, api_server)
 
     monkeypatch.setattr(cache_mod, "render_group", counted_group)
     monkeypatch.setattr(cache_mod, "render_shared", counted_shared)

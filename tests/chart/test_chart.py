@@ -211,6 +211,20 @@ def test_rbac_is_least_privilege_everywhere(render):
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
+def test_the_api_servers_addresses_are_readable_by_name_only_in_every_variant(render):
+    """The operator reads one object for the router pods' egress rule (controller/api_server.py): the chart
+    lets it get that one by name, in the namespace it lives in, and nothing else there."""
+    from flashserve.controller import api_server, kube
+
+    for combo in COMBOS:
+        role = render(*COMBOS[combo]).find("Role", f"{OP}-api-server-addresses", api_server.NAMESPACE)
+        assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                                  "resourceNames": [api_server.SLICE], "verbs": ["get"]}], combo  # fmt: skip
+        binding = render(*COMBOS[combo]).find("RoleBinding", f"{OP}-api-server-addresses", api_server.NAMESPACE)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OP, "namespace": NAMESPACE}]
+    assert ("discovery.k8s.io/v1", "EndpointSlice") in kube._PATHS
+
+
 def test_cluster_wide_by_default(render):
     r = render()
     assert r.find("ClusterRoleBinding", OP)["subjects"] == [{"kind": "ServiceAccount", "name": OP, "namespace": NAMESPACE}]

@@ -243,6 +243,34 @@ def test_requests_total_counts_each_inference_request_once_and_no_health_check(e
         router.stop()
 
 
+def _post(url: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, b"", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+@pytest.mark.parametrize("extra", [(), ("--api-key", "s3cret")], ids=["as-rendered", "with-api-key"])
+def test_any_client_of_the_api_port_can_add_and_remove_workers(engines, tmp_path, extra):
+    """The router serves its worker admin routes on the port that serves the OpenAI API, with no credentials
+    (--api-key is what it sends to workers, not what it asks of clients): a client can point it at a server of
+    its own choosing, which then gets other clients' requests, and take the real engines out. So the router's
+    NetworkPolicy limits where its pods may connect (docs/routing.md, "Who can steer the router")."""
+    first, second = engines
+    router = _router([first], tmp_path, "round_robin", extra_args=extra)
+    try:
+        status, text = _post(f"{router.base}/add_worker?url={urllib.parse.quote(second.url, safe='')}")
+        assert status == 200 and "Successfully added worker" in text, text
+        status, text = _post(f"{router.base}/remove_worker?url={urllib.parse.quote(first.url, safe='')}")
+        assert status == 200, text
+        before = _served(engines)
+        for i in range(4):
+            _chat(router.base, f"hijacked {i}")
+        after = _served(engines)
+        assert after[0] == before[0] and after[1] == before[1] + 4, (before, after)
+    finally:
+        router.stop()
+
+
 def test_engines_without_the_render_route_leave_cache_aware_without_tokens(tmp_path, vllm_router_bin):
     """What a plain `vllm serve` (no --enable-scale-out) gives the router: render answers 403, and 0.1.17 does
     not fall back to /tokenize then (it does on a 404), so cache_aware routes without the prompt's tokens."""

@@ -34,6 +34,7 @@ _PATHS = {
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
     ("inference.networking.k8s.io/v1", "InferencePool"): "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools/{name}",
+    ("discovery.k8s.io/v1", "EndpointSlice"): "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/{name}",
 }  # fmt: skip
 _KIND_VERSION = {kind: api for api, kind in _PATHS}
 EVENTS_PATH = "/api/v1/namespaces/{ns}/events"

@@ -163,6 +163,9 @@ async def _run(args: argparse.Namespace) -> int:
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    # Before the first reconcile, so that no router policy is first written without its egress rule.
+    await asyncio.to_thread(controller.api_server.refresh)
+    refresher = asyncio.create_task(controller.api_server.keep_fresh())
     stop = asyncio.Event()
     operator = asyncio.create_task(
         kopf.operator(
@@ -185,9 +188,11 @@ async def _run(args: argparse.Namespace) -> int:
     if lost is not None and lost in done:
         log.error("leadership lost: stopping so that the new leader acts alone")
         stop.set()
+        refresher.cancel()
         await asyncio.wait({operator}, timeout=15)
         return 1
     stop.set()
+    refresher.cancel()
     if lost is not None:
         lost.cancel()
     await asyncio.wait({operator}, timeout=15)

@@ -48,7 +48,13 @@ from flashserve.render.naming import (
     service_name,
     serving_label_value,
 )
-from flashserve.render.renderer import OPERATOR_NAMESPACE, TEMPLATE_HASH_ANNOTATION, serve_selector, template_hash
+from flashserve.render.renderer import (
+    OPERATOR_NAMESPACE,
+    TEMPLATE_HASH_ANNOTATION,
+    ApiServer,
+    serve_selector,
+    template_hash,
+)
 
 CHANNEL_SUFFIX = "-channel"  # a ComputeDomain's channel ResourceClaimTemplate is `<computedomain>-channel`
 
@@ -318,7 +324,8 @@ def _moved(obj: dict, live: dict) -> bool:
 
 
 def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
-         cache: RenderCache | None = None, operator_namespace: str = OPERATOR_NAMESPACE) -> Plan:
+         cache: RenderCache | None = None, operator_namespace: str = OPERATOR_NAMESPACE,
+         api_server: ApiServer = ()) -> Plan:  # fmt: skip
     cache = CACHE if cache is None else cache
     digest = spec_digest(obj)
     spec = obj.spec
@@ -429,7 +436,7 @@ def plan(obj: DeepSeekServing, observed: Observed, replicas: int | None = None,
                 if live is not None:
                     out.restored.append(f"{o['kind']}/{o['metadata']['name']}")
 
-    shared = cache.shared(obj, digest, operator_namespace)
+    shared = cache.shared(obj, digest, operator_namespace, api_server)
     if spec.routing.enabled and not router_available(observed, name):
         # The client Service moves to the router only once a router pod is available: turning routing on (or
         # an operator upgrade that brings the router) never leaves the endpoint without a backend meanwhile.

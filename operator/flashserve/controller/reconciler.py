@@ -11,6 +11,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
+from flashserve.controller.api_server import ApiServerAddresses, read_slice
 from flashserve.api.validation import SpecError, parse_spec
 from flashserve.controller.drain import RENAME, SCALE_DOWN, drain_targets, engine_address
 from flashserve.controller.engine_metrics import EngineMetrics
@@ -61,7 +63,7 @@ from flashserve.render.naming import (
     router_name,
     serving_label_value,
 )
-from flashserve.render.renderer import OPERATOR_NAMESPACE, endpoint, selector_string
+from flashserve.render.renderer import OPERATOR_NAMESPACE, ApiServer, endpoint, selector_string
 
 API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 
@@ -104,9 +106,10 @@ _probes = concurrent.futures.ThreadPoolExecutor(max_workers=PROBE_THREADS, threa
 log = logging.getLogger(__name__)
 
 
-def _planned(obj: DeepSeekServing, mine: Observed, operator_namespace: str = OPERATOR_NAMESPACE) -> tuple[Plan, list[str]]:
+def _planned(obj: DeepSeekServing, mine: Observed, operator_namespace: str = OPERATOR_NAMESPACE,
+             api_server: ApiServer = ()) -> tuple[Plan, list[str]]:  # fmt: skip
     """The plan and the digest of each object it applies (hashing thousands of objects is work too)."""
-    p = plan(obj, mine, operator_namespace=operator_namespace)
+    p = plan(obj, mine, operator_namespace=operator_namespace, api_server=api_server)
     return p, [_digest(o) for o in p.apply]
 
 
@@ -164,9 +167,12 @@ class Controller:
     operator_namespace: str = OPERATOR_NAMESPACE  # where the operator runs: its pods may reach the engines
     engines: object | None = None  # reads an engine's requests in flight: requests_in_flight(host, port)
     engine_networks: tuple = ()  # pod IPs the operator may ask (drain.parse_networks); empty: any pod IP
+    # Where the router pods may reach the API server (api_server.py), refreshed by main.py off the reconcile path.
+    api_server: ApiServerAddresses = field(init=False)
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
+        self.api_server = ApiServerAddresses(lambda: read_slice(self.kube), os.environ)
         if self.engines is None:
             self.engines = EngineMetrics()
         self._draining: set[tuple[str, str]] = set()  # servings with a drain in progress
@@ -352,7 +358,8 @@ class Controller:
         mine.now = time.time()
         mine.in_flight = await self._probe(mine, spec.engine.port)
         loop = asyncio.get_running_loop()
-        p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace)
+        p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace,
+                                                self.api_server.value)  # fmt: skip
         if p.draining:
             self._draining.add((namespace, name))
             self.drains[(namespace, name)] = list(p.draining)

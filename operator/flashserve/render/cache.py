@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 
 from flashserve.api.v1alpha1 import DeepSeekServing
-from flashserve.render.renderer import OPERATOR_NAMESPACE, render_group, render_shared
+from flashserve.render.renderer import OPERATOR_NAMESPACE, ApiServer, render_group, render_shared
 
 # Bound on the groups held over all servings. A group takes about 6 KB of JSON, so this is about 50 MB, within
 # the chart's 512 MiB limit: 32 servings at the group ceiling, or 8192 small ones. A fleet with more groups
@@ -46,17 +46,17 @@ class RenderCache:
         self._lock = threading.Lock()
         # (namespace, name, uid) -> (spec digest, {group index or the shared key: objects as JSON}), least recently
         # used first
-        self._entries: OrderedDict[tuple, tuple[str, dict[int | tuple[str, str], str]]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[str, dict[int | tuple, str]]] = OrderedDict()
         self._held = 0
 
     def group(self, obj: DeepSeekServing, index: int, digest: str | None = None) -> list[dict]:
         """render_group(obj, index), rendered at most once per spec."""
         return self._get(obj, index, digest or spec_digest(obj))
 
-    def shared(self, obj: DeepSeekServing, digest: str | None = None,
-               operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:  # fmt: skip
-        """render_shared(obj, operator_namespace), rendered at most once per spec."""
-        return self._get(obj, (_SHARED, operator_namespace), digest or spec_digest(obj))
+    def shared(self, obj: DeepSeekServing, digest: str | None = None, operator_namespace: str = OPERATOR_NAMESPACE,
+               api_server: ApiServer = ()) -> list[dict]:  # fmt: skip
+        """render_shared(obj, operator_namespace, api_server), rendered at most once per spec and inputs."""
+        return self._get(obj, (_SHARED, operator_namespace, api_server), digest or spec_digest(obj))
 
     def forget(self, namespace: str, name: str) -> None:
         """A serving is gone: drop what was rendered for it (any uid)."""
@@ -67,7 +67,7 @@ class RenderCache:
     def __len__(self) -> int:
         return self._held
 
-    def _get(self, obj: DeepSeekServing, index: int | tuple[str, str], digest: str) -> list[dict]:
+    def _get(self, obj: DeepSeekServing, index: int | tuple, digest: str) -> list[dict]:
         meta = obj.metadata
         key = (meta.get("namespace", "default"), meta["name"], meta.get("uid"))
         with self._lock:
@@ -75,7 +75,7 @@ class RenderCache:
             if entry is not None and entry[0] == digest and index in entry[1]:
                 self._entries.move_to_end(key)
                 return json.loads(entry[1][index])
-        objs = render_shared(obj, index[1]) if isinstance(index, tuple) else render_group(obj, index)
+        objs = render_shared(obj, index[1], index[2]) if isinstance(index, tuple) else render_group(obj, index)
         text = json.dumps(objs, separators=(",", ":"))
         with self._lock:
             self.renders += 1

@@ -332,6 +332,10 @@ def render_group(obj: DeepSeekServing, index: int) -> list[dict]:
     return out
 
 
+# Where the API server answers, as (CIDR, port) pairs (controller/api_server.py reads them).
+ApiServer = tuple[tuple[str, int], ...]
+
+
 def _namespace_peers(namespaces: list[str]) -> list[dict]:
     # kubernetes.io/metadata.name is set by the API server on every namespace and cannot be changed, so a
     # namespace cannot claim another's name.
@@ -416,11 +420,23 @@ def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
     }
 
 
-def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:
+def _api_server_peers(api_server: ApiServer) -> list[dict]:
+    """Egress rules to the API server, one per port: its addresses as single-address blocks."""
+    by_port: dict[int, list[str]] = {}
+    for cidr, port in api_server:
+        by_port.setdefault(port, []).append(cidr)
+    return [{"to": [{"ipBlock": {"cidr": c}} for c in cidrs], "ports": [{"port": port, "protocol": "TCP"}]}
+            for port, cidrs in sorted(by_port.items())]  # fmt: skip
+
+
+def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMESPACE,
+                  api_server: ApiServer = ()) -> list[dict]:  # fmt: skip
     """Objects shared by all groups (spec.startup's prefetch and pre-pull included): the client Service, the engines' PodDisruptionBudget, [their
     NetworkPolicy], [the router: ServiceAccount, Role, RoleBinding, Deployment, its PodDisruptionBudget and
     NetworkPolicy], [an InferencePool]. `operator_namespace` is where the operator runs (its pods may reach
-    the engines' API port)."""
+    the engines' API port). `api_server`: where the API server answers, as (CIDR, port) pairs; given, the
+    router's NetworkPolicy lets its pods connect there and to the serving's engines only; empty, it leaves
+    their egress open (controller/api_server.py)."""
     name, namespace = obj.metadata["name"], obj.metadata.get("namespace", "default")
     routing = obj.spec.routing
     ctx = {
@@ -462,7 +478,8 @@ def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMES
             out.append(_render("router-pdb.yaml.j2", **rctx))
         if netpol.enabled:
             out.append(_render("router-networkpolicy.yaml.j2", **rctx, client_peers=client_peers,
-                               monitoring_peers=monitoring_peers))  # fmt: skip
+                               monitoring_peers=monitoring_peers,
+                               api_server_egress=_api_server_peers(api_server)))  # fmt: skip
     if routing.inference_pool.enabled:
         picker = routing.inference_pool.endpoint_picker_ref
         out.append(_render("inferencepool.yaml.j2", **ctx, pool=inference_pool_name(name),
@@ -478,16 +495,16 @@ def render_startup(obj: DeepSeekServing) -> list[dict]:
 
 
 def render_serving(obj: DeepSeekServing, replicas: int | None = None,
-                   operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:  # fmt: skip
+                   operator_namespace: str = OPERATOR_NAMESPACE, api_server: ApiServer = ()) -> list[dict]:  # fmt: skip
     """Every object of a validated serving, groups 0..replicas-1 (default spec.replicas)."""
     count = obj.spec.replicas if replicas is None else replicas
     out: list[dict] = []
     for i in range(count):
         out += render_group(obj, i)
-    return out + render_shared(obj, operator_namespace)
+    return out + render_shared(obj, operator_namespace, api_server)
 
 
-def render(cr: dict, operator_namespace: str = OPERATOR_NAMESPACE) -> list[dict]:
+def render(cr: dict, operator_namespace: str = OPERATOR_NAMESPACE, api_server: ApiServer = ()) -> list[dict]:
     """Validate a DeepSeekServing dict and render it. Raises SpecError naming each bad field."""
-    return render_serving(parse_serving(cr), operator_namespace=operator_namespace)
+    return render_serving(parse_serving(cr), operator_namespace=operator_namespace, api_server=api_server)
 
