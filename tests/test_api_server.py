@@ -41,8 +41,10 @@ def test_ipv6_addresses_are_single_address_blocks():
     ({"endpoints": [{"addresses": ["192.0.2.2"]}], "ports": [{"port": 0}, {"port": "https"}, {"port": True}]}, {}),
     (None, {"KUBERNETES_SERVICE_HOST": "kubernetes.default.svc", "KUBERNETES_SERVICE_PORT": "443"}),
     (None, {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "https"}),
+    (None, {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}),
 ])  # fmt: skip
 def test_nothing_usable_gives_no_address(slice_, env):
+    """The ClusterIP alone is not enough: most implementations match the address it is translated to."""
     assert api_server_addresses(slice_, env) == ()
 
 

@@ -39,8 +39,9 @@ def _cidr(address: str) -> str | None:
 
 def api_server_addresses(endpoint_slice: dict | None, env: Mapping[str, str]) -> ApiServer:
     """(CIDR, port) pairs of the API server: each ready address of its EndpointSlice on each of the slice's
-    ports, and the ClusterIP and port from the in-cluster environment where there is one (pure). Empty when
-    neither says anything usable."""
+    ports, and with them the ClusterIP and port from the in-cluster environment where there is one (pure).
+    Empty when the slice gives no address: most NetworkPolicy implementations match the translated address,
+    so a rule admitting the ClusterIP alone would cut the router off the API server."""
     out: set[tuple[str, int]] = set()
     slice_ = endpoint_slice or {}
     ports = [p.get("port") for p in slice_.get("ports") or []]
@@ -52,7 +53,7 @@ def api_server_addresses(endpoint_slice: dict | None, env: Mapping[str, str]) ->
             if (cidr := _cidr(str(address))) is not None:
                 out.update((cidr, p) for p in ports)
     host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "")
-    if host and port.isdigit() and 0 < int(port) < 65536 and (cidr := _cidr(host)) is not None:
+    if out and host and port.isdigit() and 0 < int(port) < 65536 and (cidr := _cidr(host)) is not None:
         out.add((cidr, int(port)))
     return tuple(sorted(out))
 
