@@ -66,6 +66,7 @@ class FakeKube:
         self.events: list[dict] = []  # core/v1 Events, as other controllers record them
         self.errors: dict[tuple[str, str], BaseException | list[BaseException]] = {}
         self.requests = 0
+        self.router_pods = False  # also show the router Deployments' pods (Running, ready, 10.65.0.0/16)
         # Pods are made from their StatefulSet at each look; what was patched onto one lives here until it is
         # deleted (then the StatefulSet makes it again, with a new uid and its template's labels).
         self.pod_meta: dict[str, dict] = {}  # pod -> {"labels": ..., "annotations": ...}
@@ -219,6 +220,10 @@ class FakeKube:
                                             drain_since=meta["annotations"].get(DRAIN_SINCE_ANNOTATION, ""),
                                             ip=self.pod_ip(name, k), uid=self.pod_uid(pod),
                                             owner_uid=obj["metadata"]["uid"]))  # fmt: skip
+            if kind == "Deployment" and self.router_pods:
+                for k in range(obj["spec"]["replicas"]):
+                    out.pods.append(PodView(f"{name}-5d8f9c7b4-r{k}", -1, "", True, False, "Running", False, 0, "node",
+                                            ip=f"10.65.0.{k + 1}", component="router"))  # fmt: skip
         return out
 
 

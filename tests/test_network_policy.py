@@ -286,8 +286,10 @@ def test_operator_reaches_engines_only_to_read_a_draining_group():
     """The operator reads pod readiness from the API server and engine metrics for autoscaling from
     Prometheus; the one connection it makes to an engine is the drain's (GET /metrics of a draining group,
     docs/drain.md), so the engine policy must let the operator's namespace reach the API port. Guard that this
-    stays the only one: only reconciler.py names the engine port (for its probe), only engine_metrics.py opens
-    HTTP connections, and nothing names the data-parallel RPC port."""
+    stays the only one: only reconciler.py names the engine port (for its probe, and for the engine URLs it
+    registers with a router, which it sends and never opens), only engine_metrics.py and router_workers.py
+    (to the router pods' port, under rendezvous_hash) open HTTP connections, and nothing names the
+    data-parallel RPC port."""
     from pathlib import Path
 
     import flashserve.controller as controller
@@ -297,7 +299,11 @@ def test_operator_reaches_engines_only_to_read_a_draining_group():
         assert "rpc_port" not in text, f"{path.name} talks to engines' RPC port"
         if path.name != "reconciler.py":
             assert "engine.port" not in text, f"{path.name} talks to engines"
-        if path.name != "engine_metrics.py":
+        if path.name not in ("engine_metrics.py", "router_workers.py"):
             assert "urllib.request" not in text and "http.client" not in text, f"{path.name} opens connections"
     probe = (Path(controller.__file__).parent / "reconciler.py").read_text()
-    assert probe.count("engine.port") == 1 and "self._probe(mine, spec.engine.port)" in probe
+    assert probe.count("engine.port") == 2 and "self._probe(mine, spec.engine.port)" in probe
+    assert "desired_workers(mine, spec.engine.port," in probe
+    registrar = (Path(controller.__file__).parent / "router_workers.py").read_text()
+    assert registrar.count("self._opener.open(") == 1 and "router_targets(" not in probe.replace(
+        "router_targets(mine, spec.routing.port, self.engine_networks)", ""), "routers are asked on routing.port only"

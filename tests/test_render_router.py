@@ -87,6 +87,25 @@ def test_vllm_router_reads_the_rendered_command_line_as_meant(policy):
                          router_facts.MAX_TREE_SIZE)  # fmt: skip
 
 
+def test_a_policy_taken_through_the_worker_api_renders_an_igw_router_without_discovery():
+    """rendezvous_hash: --policy refuses it (tests/router/test_vllm_router.py), so the router runs in IGW mode,
+    discovers nothing, and the operator registers the engines; its policy admits the operator on its port."""
+    launcher = pytest.importorskip("vllm_router.launch_router", reason="installed with `make install`")
+    objs = _render({"routing": {"policy": "rendezvous_hash", "port": 8200, "metricsPort": 29100}})
+    args = launcher.parse_router_args(_container(objs)["args"])
+    assert args.enable_igw and not args.service_discovery and args.worker_urls == []
+    assert (args.host, args.port, args.policy) == ("0.0.0.0", 8200, "consistent_hash")
+    assert args.intra_node_data_parallel_size == 4
+    assert (args.prometheus_host, args.prometheus_port) == ("0.0.0.0", 29100)
+    (policy,) = [p for p in by_kind(objs, "NetworkPolicy") if p["metadata"]["name"] == router_name("flash")]
+    operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "flashserve-system"}}}
+    assert {"from": [operator], "ports": [{"port": 8200, "protocol": "TCP"}]} in policy["spec"]["ingress"]
+    for other in router_facts.POLICIES:
+        (p,) = [p for p in by_kind(_render({"routing": {"policy": other}}), "NetworkPolicy")
+                if p["metadata"]["name"] == router_name("flash")]  # fmt: skip
+        assert operator not in [peer for rule in p["spec"]["ingress"] for peer in rule["from"]], other
+
+
 def test_the_api_defaults_are_the_routers_own():
     launcher = pytest.importorskip("vllm_router.launch_router", reason="vllm-router 0.1.17 is installed with `make install`")
     defaults = launcher.parse_router_args([])

@@ -428,6 +428,47 @@ def test_rendezvous_hash_routes_per_rank_when_igw_workers_are_registered_as_rank
     assert served == [float(expected[rank]) for rank in range(4)] and len(expected) > 1
 
 
+def test_the_operators_registrar_keeps_an_igw_router_on_the_engines_ranks_and_drops_what_a_client_added(
+        tmp_path, vllm_router_bin):
+    """controller/router_workers.py against the real binary, as rendered for `routing.policy: rendezvous_hash`
+    (`--policy consistent_hash --enable-igw --intra-node-data-parallel-size 2`): one sync replaces a worker a
+    client posted with every rank of the engines, a second finds nothing to do, sessions then go where the
+    simulator's rendezvous_pick says, and an engine taken out of the desired set leaves the router."""
+    from flashserve.controller.router_workers import RouterWorkersClient, Sync, Worker
+    from flashserve_testbed.router.bench_vllm_router import per_rank
+
+    fleet = mf.start_engines(2, tmp_path / "engines", flags=("--data-parallel-size", "2"), time_scale=10)
+    proc, base, log = _igw_router(tmp_path, vllm_router_bin, "--intra-node-data-parallel-size", "2")
+    client = RouterWorkersClient()
+    try:
+        foreign = "http://127.0.0.1:9@0"
+        req = urllib.request.Request(base + "/workers", json.dumps({"url": foreign}).encode(),
+                                     {"content-type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["success"] is True
+        ranks = [f"{e.url.rstrip('/')}@{i}" for e in fleet for i in range(2)]
+        desired = {Worker(url, mf.SERVED) for url in ranks}
+        steps = client.sync(base, desired, "rendezvous_hash")
+        assert steps.remove == (foreign,) and {w.url for w in steps.add} == set(ranks)
+        assert client.sync(base, desired, "rendezvous_hash") == Sync(), "steady state: nothing to do"
+        keys = [f"reg-{i}" for i in range(16)]
+        for key in keys:
+            _chat(base, f"{key} turn 0", {"X-Session-ID": key})
+        chosen = _rendezvous_choices(log)
+        assert chosen == {k: rendezvous_pick(session_key(k), ranks, {}) for k in keys}
+        before = [per_rank(e.metrics(), "vllm:request_success_total") for e in fleet]
+        steps = client.sync(base, {w for w in desired if fleet[0].url.rstrip("/") not in w.url}, "rendezvous_hash")
+        assert set(steps.remove) == set(ranks[:2]) and steps.add == ()
+        for key in keys:
+            _chat(base, f"{key} turn 1", {"X-Session-ID": key})
+        after = [per_rank(e.metrics(), "vllm:request_success_total") for e in fleet]
+    finally:
+        end(proc)
+        mf.stop_all(fleet)
+    assert after[0] == before[0], "a removed engine gets no request"
+    assert sum(after[1]) - sum(before[1]) == len(keys)
+
+
 def test_argv_binds_loopback_and_passes_the_options():
     opts = RouterOptions(worker_urls=("http://127.0.0.1:8001/", "http://127.0.0.2:8002"), port=30001,
                          prometheus_port=30002, policy="consistent_hash", balance_abs_threshold=4,

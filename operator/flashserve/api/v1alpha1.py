@@ -540,14 +540,21 @@ class RoutingSpec(_Model):
     """Deploy vLLM's router (vllm-router) in front of the engines: the client Service then points at the router
     pods, which discover the engines of this serving that take traffic. False: the Service points at those
     engines directly and spreads connections over them, with no session affinity."""
-    policy: Literal[router_facts.POLICIES] = "consistent_hash"  # type: ignore[valid-type]
+    policy: Literal[router_facts.API_POLICIES] = "consistent_hash"  # type: ignore[valid-type]
     """How the router picks an engine. consistent_hash (default) hashes the session key (X-Session-ID header,
     else X-User-ID, X-Tenant-ID or body session_params.session_id) onto the engines: it keeps no state, so
     every router replica sends one session to the same engine and its prefix cache, but the hash balances
     sessions only as well as the ring's shares. sticky_least_loaded places each new session on the engine with
     the fewest and keeps it there; cache_aware keeps a prefix tree and turns on the engines' --enable-scale-out
     render routes. Both keep that state per router replica, so the client Service then sends each client to one
-    router pod (client-IP affinity). power_of_two, round_robin and random ignore sessions."""
+    router pod (client-IP affinity). rendezvous_hash hashes the session key like consistent_hash but scores
+    each engine (or rank) for the key and takes the best, which spreads sessions more evenly than the ring's
+    shares; vllm-router takes it only from workers registered through its worker API, so the router runs
+    without pod discovery and the operator registers the engines that take traffic (and removes every other
+    worker), which needs the operator to reach the router pods. It applies to requests naming the first of
+    model.servedModelNames (or no model); others go by consistent_hash. In that mode the router answers
+    /v1/models with its own list, not OpenAI's, so clients name the model rather than list it.
+    power_of_two, round_robin and random ignore sessions."""
     cache_aware: CacheAwareSpec = Field(default_factory=CacheAwareSpec)
     """Knobs of the cache_aware policy."""
     sticky_least_loaded: StickyLeastLoadedSpec = Field(default_factory=StickyLeastLoadedSpec)
@@ -583,6 +590,10 @@ class RoutingSpec(_Model):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     """Tolerations of the router pods, for a CPU pool behind a taint. Empty by default: unlike the engines, the
     router does not tolerate the GPU-node taint, so it stays off tainted GPU nodes."""
+
+    def registers_workers(self) -> bool:
+        """Whether the operator registers the engines with the router itself (a policy `--policy` lacks)."""
+        return self.enabled and self.policy in router_facts.WORKER_LABEL_POLICIES
 
     def renders_prompts(self) -> bool:
         """Whether the router asks the engines to render prompts, so they need --enable-scale-out."""

@@ -32,6 +32,11 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises HTTPError for the 3xx
 
 
+def direct_opener() -> urllib.request.OpenerDirector:
+    """An opener for pod addresses: no proxy from the environment, no redirect followed."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+
+
 def requests_in_flight(text: str) -> int | None:
     """Running plus waiting requests over every sample (one per data-parallel rank of the pod) of a vLLM
     /metrics page; None when the page has neither gauge or a value that is not a count."""
@@ -58,7 +63,7 @@ class EngineMetrics:
 
     def __init__(self, timeout: float = PROBE_TIMEOUT_S):
         self.timeout = timeout
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+        self._opener = direct_opener()
 
     def requests_in_flight(self, host: str, port: int) -> int | None:
         url = f"http://{host}:{int(port)}/metrics"

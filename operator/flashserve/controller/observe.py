@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flashserve.clock import parse_iso
-from flashserve.render.naming import GROUP_LABEL, ROUTING_LABEL, SERVING_LABEL
+from flashserve.render.naming import COMPONENT_LABEL, GROUP_LABEL, ROUTING_LABEL, SERVING_LABEL
 from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
 
 # When the operator took a pod out of routing, on the pod itself: a drain's clock survives an operator restart.
@@ -36,6 +36,7 @@ class PodView:
     uid: str = ""
     owner_uid: str = ""  # uid of the object that controls the pod (its StatefulSet)
     host_network: bool = False
+    component: str = ""  # app.kubernetes.io/component: engine or router
     # The API's own times of a start-up, in seconds since the epoch (None: not there yet): PodScheduled=True,
     # the engine container's state.running.startedAt, Ready=True (the condition's lastTransitionTime each)
     scheduled_at: float | None = None
@@ -95,6 +96,8 @@ class Observed:
     # The prefetch and pre-pull pods (flashserve.io/startup-of): whether a node's weights copy was complete
     # when an engine pod was placed there
     startup_pods: list[PodView] = field(default_factory=list)
+    # The router Deployment's pods (owned(): named after an observed Deployment of the serving)
+    router_pods: list[PodView] = field(default_factory=list)
 
     def by_kind(self) -> dict[str, dict[str, dict]]:
         """The observed children of each kind the controller watches, by name (pods aside)."""
@@ -135,13 +138,14 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
     daemonsets = {n: s for n, s in observed.daemonsets.items() if mine(s)}
     jobs = {n: s for n, s in observed.jobs.items() if mine(s)}
     workers = {((s.get("metadata") or {}).get("uid")) for s in [*daemonsets.values(), *jobs.values()]} - {None}
+    deployments = {n: s for n, s in observed.deployments.items() if mine(s)}
     return Observed(
         statefulsets=sts,
         services={n: s for n, s in observed.services.items() if mine(s)},
         pdbs={n: s for n, s in observed.pdbs.items() if mine(s)},
         netpols={n: s for n, s in observed.netpols.items() if mine(s)},
         pods=[p for p in observed.pods if statefulset_of(p.name) in sts],
-        deployments={n: s for n, s in observed.deployments.items() if mine(s)},
+        deployments=deployments,
         serviceaccounts={n: s for n, s in observed.serviceaccounts.items() if mine(s)},
         roles={n: s for n, s in observed.roles.items() if mine(s)},
         rolebindings={n: s for n, s in observed.rolebindings.items() if mine(s)},
@@ -149,6 +153,8 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         daemonsets=daemonsets,
         jobs=jobs,
         startup_pods=[p for p in observed.startup_pods if p.owner_uid in workers],
+        # A Deployment's pods are `<deployment>-<ReplicaSet hash>-<suffix>`.
+        router_pods=[p for p in observed.pods if p.component == "router" and p.name.rsplit("-", 2)[0] in deployments],
         now=observed.now,
         in_flight=dict(observed.in_flight),
     )
@@ -233,6 +239,7 @@ def pod_view(body: dict) -> PodView:
         uid=str(meta.get("uid") or ""),
         owner_uid=controller_uid(body) or "",
         host_network=bool((body.get("spec") or {}).get("hostNetwork")),
+        component=str(labels.get(COMPONENT_LABEL, "")),
         scheduled_at=parse_iso(sched.get("lastTransitionTime")) if sched.get("status") == "True" else None,
         started_at=parse_iso(started),
         ready_at=parse_iso(conditions.get("Ready", {}).get("lastTransitionTime")) if ready else None,

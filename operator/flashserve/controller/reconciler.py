@@ -22,6 +22,7 @@ from kubernetes.client.rest import ApiException
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
 from flashserve.controller.api_server import ApiServerAddresses, read_slice
+from flashserve.controller.router_workers import RouterWorkersClient, desired_workers, router_targets
 from flashserve.api.validation import SpecError, parse_spec
 from flashserve.controller.drain import RENAME, SCALE_DOWN, drain_targets, engine_address
 from flashserve.controller.engine_metrics import EngineMetrics
@@ -63,7 +64,7 @@ from flashserve.render.naming import (
     router_name,
     serving_label_value,
 )
-from flashserve.render.renderer import OPERATOR_NAMESPACE, ApiServer, endpoint, selector_string
+from flashserve.render.renderer import OPERATOR_NAMESPACE, ApiServer, endpoint, router_ranks, selector_string
 
 API_MESSAGE_MAX = 1024  # of an API server's answer quoted in status
 
@@ -101,6 +102,9 @@ DRAIN_POLL_S = 2.0
 # drain then ends by idleness at a later poll, or by rollout.drainSeconds).
 PROBE_THREADS = 16
 PROBE_WAIT_S = 3.0
+# Each router pod's sync is a listing and a few small writes (router_workers.TIMEOUT_S each); a pod slower
+# than this is left to the next reconcile.
+ROUTER_SYNC_WAIT_S = 10.0
 _probes = concurrent.futures.ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="flashserve-probe")
 
 log = logging.getLogger(__name__)
@@ -172,6 +176,8 @@ class Controller:
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
+        self.router_workers = RouterWorkersClient()
+        self._router_unsynced: set[tuple[str, str]] = set()  # (namespace, router pod) whose last sync failed
         self.api_server = ApiServerAddresses(lambda: read_slice(self.kube), os.environ)
         if self.engines is None:
             self.engines = EngineMetrics()
@@ -272,6 +278,39 @@ class Controller:
                 value = f.result()
             out[pod] = value if isinstance(value, int) and value >= 0 else None
         return out
+
+    async def _sync_router_workers(self, body: dict, namespace: str, name: str, spec, mine: Observed) -> None:
+        """Each router pod's workers made the engines that take traffic (router_workers.py), concurrently off
+        the event loop. A router that does not answer is asked again at the next reconcile; the first failure
+        of a streak is logged and goes out as a Warning event."""
+        desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],
+                                  self.engine_networks)  # fmt: skip
+        targets = router_targets(mine, spec.routing.port, self.engine_networks)
+        if not targets:
+            return
+        loop = asyncio.get_running_loop()
+        futures = {pod: loop.run_in_executor(_probes, self.router_workers.sync, base, desired, spec.routing.policy)
+                   for pod, base in targets}  # fmt: skip
+        done, pending = await asyncio.wait(futures.values(), timeout=ROUTER_SYNC_WAIT_S)
+        for f in pending:
+            f.cancel()
+        for pod, f in futures.items():
+            key = (namespace, pod)
+            if f not in done or f.cancelled():
+                error = f"no answer in {ROUTER_SYNC_WAIT_S:g}s"
+            else:
+                error = None if f.exception() is None else str(f.exception())
+            if error is None:
+                self._router_unsynced.discard(key)
+                steps = f.result()
+                if steps.add or steps.remove:
+                    log.info("%s/%s: router pod %s: registered %s, removed %s", namespace, name, pod,
+                             [w.url for w in steps.add], list(steps.remove))  # fmt: skip
+            elif key not in self._router_unsynced:
+                self._router_unsynced.add(key)
+                message = f"cannot keep the workers of router pod {pod}: {error}"
+                log.warning("%s/%s: %s", namespace, name, message)
+                kopf.event(body, type="Warning", reason="RouterWorkersUnsynced", message=message)
 
     def _next_refusal_check(self, key: tuple[str, str]) -> float | None:
         """Seconds until a StatefulSet short of pods is due to be looked into (again), if one is."""
@@ -386,6 +425,9 @@ class Controller:
             _drop_unwritten(p, outcome.skipped, mine, outcome.gone)
             self.stats.writes += outcome.writes
             self._report(body, p, logger, spec.rollout.drain_seconds)
+
+        if spec.routing.registers_workers():
+            await self._sync_router_workers(body, namespace, name, spec, mine)
 
         counts = group_counts(p.groups)
         extra_groups = len(p.deleted_groups) + sum(d.reason == SCALE_DOWN for d in p.draining)

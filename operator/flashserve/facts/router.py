@@ -21,6 +21,20 @@ POLICIES: tuple[str, ...] = (
     "random",
     "sticky_least_loaded",
 )
+# Policies the router's library has and `--policy` refuses: a model takes one from the first worker registered
+# for it in IGW mode (`--enable-igw`), through `POST /workers` with the label `policy`. The router then has no
+# pod discovery; the operator registers the engines' ranks itself (controller/router_workers.py).
+WORKER_LABEL_POLICIES: tuple[str, ...] = ("rendezvous_hash",)
+API_POLICIES: tuple[str, ...] = POLICIES + WORKER_LABEL_POLICIES
+IGW_FLAG = "--enable-igw"
+# IGW mode's worker routes (0.1.17): POST /workers {"url", "model_id", "labels"} adds a worker at once, marked
+# healthy without asking it, and answers success again for a URL it has; GET /workers lists them
+# ({"workers": [{"url", "model_id", "metadata": {labels}}]}); DELETE /workers/<url, percent-encoded> removes
+# one, 400 WORKER_NOT_FOUND for a URL it lacks. A request names its model in `model`; one naming no model
+# registered goes by the default policy (`--policy`).
+WORKERS_PATH = "/workers"
+POLICY_LABEL = "policy"
+
 # Policies that keep state in each router process (cache_aware its prefix tree, sticky_least_loaded its table of
 # sessions): two replicas place one session apart, so the client Service keeps each client on one router pod
 # (client-IP affinity, for as long as kube-proxy's default, 3 hours idle).

@@ -342,18 +342,31 @@ def _namespace_peers(namespaces: list[str]) -> list[dict]:
     return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}} for ns in dict.fromkeys(namespaces)]
 
 
+def router_ranks(spec: DeepSeekServingSpec) -> int:
+    """Workers the router makes of each engine pod: one per local data-parallel rank (`http://pod:port@rank`:
+    a rank index is what vLLM reads from the X-data-parallel-rank header, local to the pod under
+    --data-parallel-hybrid-lb) when routing.dataParallelAware, else the pod alone."""
+    ranks = layout(spec).dp_local
+    return ranks if spec.routing.data_parallel_aware and ranks > 1 else 1
+
+
 def _router_args(obj: DeepSeekServing, namespace: str) -> list[str]:
     """The router's command line: discovery of this serving's engines that take traffic, then the policy's
     knobs. --host and --prometheus-host are the pod's every address (its probes and Service reach it there)."""
     spec, routing = obj.spec, obj.spec.routing
-    args = ["--host", "0.0.0.0", "--port", str(routing.port), "--policy", routing.policy, "--service-discovery",
-            "--selector", *(f"{k}={v}" for k, v in serve_selector(obj.metadata["name"]).items()),
-            "--service-discovery-namespace", namespace, "--service-discovery-port", str(spec.engine.port),
-            "--prometheus-host", "0.0.0.0", "--prometheus-port", str(routing.metrics_port)]  # fmt: skip
-    ranks = layout(spec).dp_local
-    if routing.data_parallel_aware and ranks > 1:
-        # one worker per local rank, `http://pod:port@rank`: a rank index is what vLLM reads from the
-        # X-data-parallel-rank header, local to the pod under --data-parallel-hybrid-lb
+    if routing.registers_workers():
+        # No discovery: the operator registers the engines with their policy (controller/router_workers.py);
+        # --policy is what requests for another model name get.
+        args = ["--host", "0.0.0.0", "--port", str(routing.port), "--policy", "consistent_hash",
+                router_facts.IGW_FLAG]  # fmt: skip
+    else:
+        selector = [f"{k}={v}" for k, v in serve_selector(obj.metadata["name"]).items()]
+        args = ["--host", "0.0.0.0", "--port", str(routing.port), "--policy", routing.policy, "--service-discovery",
+                "--selector", *selector, "--service-discovery-namespace", namespace,
+                "--service-discovery-port", str(spec.engine.port)]  # fmt: skip
+    args += ["--prometheus-host", "0.0.0.0", "--prometheus-port", str(routing.metrics_port)]
+    ranks = router_ranks(spec)
+    if ranks > 1:
         args += [router_facts.DP_AWARE_FLAG, str(ranks)]
     if routing.policy == "cache_aware":
         ca = routing.cache_aware
@@ -477,8 +490,9 @@ def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMES
         if routing.replicas >= 2:
             out.append(_render("router-pdb.yaml.j2", **rctx))
         if netpol.enabled:
+            registrar = _namespace_peers([operator_namespace]) if routing.registers_workers() else None
             out.append(_render("router-networkpolicy.yaml.j2", **rctx, client_peers=client_peers,
-                               monitoring_peers=monitoring_peers,
+                               monitoring_peers=monitoring_peers, operator_peers=registrar,
                                api_server_egress=_api_server_peers(api_server)))  # fmt: skip
     if routing.inference_pool.enabled:
         picker = routing.inference_pool.endpoint_picker_ref

@@ -1,0 +1,159 @@
+"""`routing.policy: rendezvous_hash` on the local cluster: the real vllm-router in IGW mode (no pod discovery),
+its workers kept by the operator (controller/router_workers.py). The router pods get every rank of the ready
+engines, a session stays on one rank, a worker a client posts is taken out again, and a scale-down under load
+takes the drained group's ranks out of the routers before its pods go, cutting no stream.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from e2e.support import OperatorProcess, fresh_namespace, start_runtime, stop_runtime, wait_until
+from e2e.test_serving_path import _finish
+
+pytestmark = pytest.mark.timeout(300)
+
+SERVING = "hrw"
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _call(method: str, url: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data, {"content-type": "application/json"}, method=method)
+    with _LOCAL.open(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _start_load(url: str, report, seconds: int) -> subprocess.Popen:
+    """The load generator's agentic sessions, naming the model: in IGW mode the router answers /v1/models with
+    its own list ({"models": [...]}, text/plain), not OpenAI's, so a client cannot discover it there."""
+    cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", f"{url}/v1", "--model", "deepseek-flash",
+           "--schedule", f"ramp 0 8 3s; hold 8 {seconds}s", "--prompt-scale", "0.2", "--gap-seconds", "1",
+           "--sla", "100", "--json", str(report), "--progress-interval", "15"]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _dss(kubectl, namespace: str) -> dict:
+    return json.loads(kubectl("get", "dss", SERVING, "-n", namespace, "-o", "json").stdout)
+
+
+def _pods(kubectl, namespace: str, component: str) -> list[dict]:
+    selector = f"flashserve.io/serving={SERVING},app.kubernetes.io/component={component}"
+    pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _router_bases(kubectl, namespace: str) -> list[str]:
+    return sorted(f"http://{p['status']['podIP']}:8000" for p in _pods(kubectl, namespace, "router")
+                  if p["status"].get("podIP"))  # fmt: skip
+
+
+def _workers(base: str) -> dict[str, dict]:
+    return {w["url"]: w for w in _call("GET", base + "/workers")["workers"]}
+
+
+def _engine_ranks(kubectl, namespace: str) -> set[str]:
+    return {f"http://{p['status']['podIP']}:8000@{r}" for p in _pods(kubectl, namespace, "engine")
+            if p["metadata"]["labels"].get("flashserve.io/routing") == "serve" for r in range(4)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hrw_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_factory):
+    from kubernetes import client
+
+    info = external_cluster
+    namespace = fresh_namespace(kube, "e2e-hrw")
+    logs = tmp_path_factory.mktemp("router-registrar")
+    operator = OperatorProcess(info.kubeconfig, namespace, logs, resync=3).start()
+    runtime = start_runtime(info, namespace, logs, "--time-scale", "1", "--startup-seconds", "3",
+                            "--probe-interval", "0.5")  # fmt: skip
+    try:
+        operator.wait_serving()
+        cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+              "metadata": {"name": SERVING, "namespace": namespace},
+              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "rollout": {"drainSeconds": 120},
+                       "routing": {"policy": "rendezvous_hash"}}}  # fmt: skip
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        wait_until(lambda: int((_dss(kubectl, namespace).get("status") or {}).get("readyReplicas") or 0) == 2, 120,
+                   interval=1, what="2 ready groups")  # fmt: skip
+        url = router_url(namespace, SERVING, timeout=90)  # a router pod is Ready only once it has workers
+        yield namespace, url, logs
+    finally:
+        stop_runtime(runtime)
+        operator.stop()
+        client.CoreV1Api(kube).delete_namespace(namespace, propagation_policy="Background")
+
+
+def test_the_operator_registers_every_rank_and_a_session_stays_on_one(hrw_stack, kubectl):
+    from flashserve_testbed.router.bench_vllm_router import per_rank
+
+    namespace, url, _ = hrw_stack
+    ranks = _engine_ranks(kubectl, namespace)
+    assert len(ranks) == 8
+    for base in _router_bases(kubectl, namespace):
+        wait_until(lambda: set(_workers(base)) == ranks, 30, interval=0.5, what=f"{base} lists every rank")
+        assert {(w["model_id"], w["metadata"].get("policy")) for w in _workers(base).values()} == {
+            ("deepseek-flash", "rendezvous_hash")}
+
+    def served() -> dict[str, float]:
+        out = {}
+        for p in _pods(kubectl, namespace, "engine"):
+            ip = p["status"]["podIP"]
+            with _LOCAL.open(f"http://{ip}:8000/metrics", timeout=10) as resp:
+                for rank, n in enumerate(per_rank(resp.read().decode(), "vllm:request_success_total")):
+                    out[f"{ip}@{rank}"] = n
+        return out
+
+    before = served()
+    for _ in range(3):
+        body = {"model": "deepseek-flash", "prompt": "one session", "max_tokens": 4}
+        req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                     {"content-type": "application/json", "X-Session-ID": "e2e-hrw"})  # fmt: skip
+        with _LOCAL.open(req, timeout=30) as resp:
+            assert resp.status == 200
+    after = served()
+    moved = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+    assert list(moved.values()) == [3.0], moved
+
+
+def test_a_worker_a_client_adds_is_taken_out_again(hrw_stack, kubectl):
+    namespace, url, _ = hrw_stack
+    base = url
+    foreign = "http://127.0.0.1:9@0"
+    assert _call("POST", base + "/workers", {"url": foreign, "model_id": "deepseek-flash",
+                                             "labels": {"policy": "rendezvous_hash"}})["success"]  # fmt: skip
+    t0 = time.monotonic()
+    wait_until(lambda: foreign not in _workers(base), 30, interval=0.5, what="the client's worker removed")
+    print(f"\na worker a client added was removed {time.monotonic() - t0:.1f}s later")
+    assert set(_workers(base)) == _engine_ranks(kubectl, namespace)
+
+
+def test_scale_down_takes_the_drained_ranks_out_first_and_cuts_no_stream(hrw_stack, kubectl):
+    namespace, url, logs = hrw_stack
+    report = logs / "scale-down.json"
+    load = _start_load(url, report, 30)
+    polls: list[tuple[int, int]] = []  # (workers the router lists, engine pods left)
+    try:
+        time.sleep(8)
+        kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
+
+        def gone() -> bool:
+            polls.append((len(_workers(url)), len(_pods(kubectl, namespace, "engine"))))
+            return polls[-1] == (4, 1)
+
+        wait_until(gone, 150, interval=0.5, what="group 1 out of the router, drained and deleted")
+    finally:
+        summary = _finish(load, report)
+    print(f"\nscale-down 2 -> 1 under load (rendezvous_hash): {summary['ok']} streams ok; (workers, pods): {polls}")
+    assert summary["ok"] > 10
+    first_out = next(i for i, (w, _) in enumerate(polls) if w == 4)
+    first_deleted = next(i for i, (_, pods) in enumerate(polls) if pods == 1)
+    assert first_out <= first_deleted, "the ranks leave the router before the pods go"
+    assert set(_workers(url)) == _engine_ranks(kubectl, namespace)

@@ -1,0 +1,157 @@
+"""The router's workers, kept by the operator where the policy is one vllm-router takes only through its worker
+API (`routing.policy: rendezvous_hash`, facts/router.py WORKER_LABEL_POLICIES).
+
+Such a router runs in IGW mode without pod discovery. At each reconcile of the serving the operator lists each
+router pod's workers (GET /workers) and makes them the engines that take traffic: every Ready engine pod with
+the routing label `serve`, one worker per data-parallel rank (`http://<pod IP>:<port>@<rank>`), with the
+served model's name and the policy label (POST /workers); everything else goes (DELETE /workers/<url>):
+engines taken out of routing for a drain, pods that are gone, and any worker a client of the router's port
+added (the worker routes take no credentials: docs/routing.md, "Who can steer the router"). The router adds a
+worker without asking it first, so only Ready engines are registered.
+
+The addresses are pod IPs from the API server, never a field of the serving, and a router pod is asked only
+when it is the serving's own (owned(): named after its Deployment) and its IP passes the same check as a
+draining engine's (drain.engine_address, --engine-networks). No proxy from the environment, no redirect.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from flashserve.controller.drain import IPNetwork, engine_address
+from flashserve.controller.engine_metrics import direct_opener
+from flashserve.controller.observe import Observed, PodView
+from flashserve.facts import router as router_facts
+from flashserve.render.naming import ROUTING_SERVE
+
+# The router answers its worker routes from memory; a router that takes longer is starting or stuck, and the
+# next reconcile (30 s at most) asks again. Short, so one router pod cannot hold its serving's reconcile.
+TIMEOUT_S = 2.0
+MAX_LISTING_BYTES = 16 * 1024 * 1024  # 256 groups x 8 ranks of workers is well under 1 MiB
+
+
+@dataclass(frozen=True)
+class Worker:
+    url: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Sync:
+    """What one router pod needs: workers to add, URLs to remove."""
+
+    add: tuple[Worker, ...] = ()
+    remove: tuple[str, ...] = ()
+
+
+def _allowed(pod: PodView, networks: tuple[IPNetwork, ...]) -> str | None:
+    """The pod's address as a URL host when the operator may connect to it, else None."""
+    host = engine_address(pod.ip) if pod.ip else None
+    if host is None or pod.host_network:
+        return None
+    if networks and not any(ipaddress.ip_address(pod.ip) in n for n in networks):
+        return None
+    return host
+
+
+def desired_workers(observed: Observed, port: int, ranks: int, model: str,
+                    networks: tuple[IPNetwork, ...] = ()) -> set[Worker]:  # fmt: skip
+    """One worker per rank of each Ready engine pod that takes traffic (ranks 1: the pod's URL alone)."""
+    out = set()
+    for p in observed.pods:
+        if p.routing != ROUTING_SERVE or not p.ready or p.terminating:
+            continue
+        host = _allowed(p, networks)
+        if host is None:
+            continue
+        url = f"http://{host}:{port}"
+        if ranks > 1:
+            out.update(Worker(f"{url}@{r}", model) for r in range(ranks))
+        else:
+            out.add(Worker(url, model))
+    return out
+
+
+def router_targets(observed: Observed, port: int, networks: tuple[IPNetwork, ...] = ()) -> list[tuple[str, str]]:
+    """(pod name, base URL) of each router pod of the serving the operator keeps: running, not terminating,
+    with an address it may connect to. Ready or not: a router in IGW mode is Ready only once it has workers."""
+    out = []
+    for p in observed.router_pods:
+        if p.terminating or p.phase != "Running":
+            continue
+        host = _allowed(p, networks)
+        if host is not None:
+            out.append((p.name, f"http://{host}:{port}"))
+    return sorted(out)
+
+
+def listed_workers(body: object, policy: str) -> dict[str, Worker | None]:
+    """URL -> the worker as GET /workers lists it; None where its model or policy label is not what the
+    operator registers (it is then removed and added again)."""
+    out: dict[str, Worker | None] = {}
+    workers = body.get("workers") if isinstance(body, dict) else None
+    for w in workers if isinstance(workers, list) else []:
+        if not isinstance(w, dict) or not isinstance(w.get("url"), str):
+            continue
+        labels = w.get("metadata") if isinstance(w.get("metadata"), dict) else {}
+        model = w.get("model_id")
+        ok = isinstance(model, str) and labels.get(router_facts.POLICY_LABEL) == policy
+        out[w["url"]] = Worker(w["url"], model) if ok else None
+    return out
+
+
+def sync_steps(listed: dict[str, Worker | None], desired: set[Worker]) -> Sync:
+    """Remove what is listed and not desired as listed; add what is desired and not listed as desired."""
+    remove = sorted(url for url, w in listed.items() if w is None or w not in desired)
+    kept = {w for w in listed.values() if w is not None and w in desired}
+    add = sorted(desired - kept, key=lambda w: w.url)
+    return Sync(add=tuple(add), remove=tuple(remove))
+
+
+class RouterUnreachable(Exception):
+    pass
+
+
+class RouterWorkersClient:
+    """HTTP to one router pod's worker routes. Every failure raises RouterUnreachable with what happened."""
+
+    def __init__(self, timeout: float = TIMEOUT_S):
+        self.timeout = timeout
+        self._opener = direct_opener()
+
+    def _call(self, method: str, url: str, body: dict | None = None) -> object:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data, {"content-type": "application/json"} if data else {}, method=method)
+        try:
+            with self._opener.open(req, timeout=self.timeout) as resp:
+                text = resp.read(MAX_LISTING_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            raise RouterUnreachable(f"{method} {url}: HTTP {exc.code}") from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise RouterUnreachable(f"{method} {url}: {exc}") from None
+        if len(text) > MAX_LISTING_BYTES:
+            raise RouterUnreachable(f"{method} {url}: answer over {MAX_LISTING_BYTES} bytes")
+        try:
+            return json.loads(text or b"null")
+        except ValueError:
+            raise RouterUnreachable(f"{method} {url}: not JSON") from None
+
+    def sync(self, base: str, desired: set[Worker], policy: str) -> Sync:
+        """Make the router at `base` hold exactly `desired`; what it did."""
+        steps = sync_steps(listed_workers(self._call("GET", base + router_facts.WORKERS_PATH), policy), desired)
+        for url in steps.remove:
+            try:
+                self._call("DELETE", f"{base}{router_facts.WORKERS_PATH}/{urllib.parse.quote(url, safe='')}")
+            except RouterUnreachable as exc:
+                if "HTTP 400" not in str(exc):  # WORKER_NOT_FOUND: gone already
+                    raise
+        for w in steps.add:
+            self._call("POST", base + router_facts.WORKERS_PATH,
+                       {"url": w.url, "model_id": w.model, "labels": {router_facts.POLICY_LABEL: policy}})  # fmt: skip
+        return steps

@@ -1,0 +1,134 @@
+"""The router's workers where the operator keeps them (`routing.policy: rendezvous_hash`): which engines and
+ranks it registers, what it removes, which router pods it asks, and the reconcile that does it.
+tests/router/test_vllm_router.py runs the same client against the real vllm-router."""
+
+from __future__ import annotations
+
+from flashserve.api.v1alpha1 import DEFAULT_SERVED_NAME
+from flashserve.controller.drain import parse_networks
+from flashserve.controller.observe import Observed, PodView
+from flashserve.controller.router_workers import (
+    Sync,
+    Worker,
+    desired_workers,
+    listed_workers,
+    router_targets,
+    sync_steps,
+)
+from flashserve.render.naming import router_name
+
+from tests.fakes import FakeKube, body, controller, reconcile
+
+
+def _pod(name: str, ip: str, ready: bool = True, routing: str = "serve", **kw) -> PodView:
+    return PodView(name, 0, "h", ready, kw.pop("terminating", False), kw.pop("phase", "Running"), False, 0, "node",
+                   routing=routing, ip=ip, **kw)  # fmt: skip
+
+
+def test_one_worker_per_rank_of_each_ready_engine_that_takes_traffic():
+    observed = Observed(pods=[
+        _pod("g0-0", "10.0.0.1"), _pod("g1-0", "fd00::7"),
+        _pod("g2-0", "10.0.0.3", ready=False),  # starting: the router would send requests it cannot serve
+        _pod("g3-0", "10.0.0.4", routing="drain"),  # being drained
+        _pod("g4-0", "10.0.0.5", terminating=True),
+        _pod("g5-0", ""),  # no IP yet
+        _pod("g6-0", "10.0.0.6", host_network=True),
+        _pod("g7-0", "0.0.0.0"),
+    ])  # fmt: skip
+    got = desired_workers(observed, 8000, 2, "dsv4")
+    assert got == {Worker("http://10.0.0.1:8000@0", "dsv4"), Worker("http://10.0.0.1:8000@1", "dsv4"),
+                   Worker("http://[fd00::7]:8000@0", "dsv4"), Worker("http://[fd00::7]:8000@1", "dsv4")}  # fmt: skip
+    one, two = Worker("http://10.0.0.1:8000", "m"), Worker("http://[fd00::7]:8000", "m")
+    assert desired_workers(observed, 8000, 1, "m") == {one, two}
+    assert desired_workers(observed, 8000, 1, "m", parse_networks("10.0.0.0/8")) == {one}
+
+
+def test_router_pods_are_asked_running_ready_or_not_and_inside_the_networks():
+    observed = Observed(router_pods=[
+        _pod("r-b", "10.1.0.2", ready=False), _pod("r-a", "10.1.0.1"),
+        _pod("r-c", "10.1.0.3", phase="Pending"), _pod("r-d", "10.1.0.4", terminating=True), _pod("r-e", "192.0.2.9"),
+    ])  # fmt: skip
+    assert router_targets(observed, 8100) == [("r-a", "http://10.1.0.1:8100"), ("r-b", "http://10.1.0.2:8100"),
+                                              ("r-e", "http://192.0.2.9:8100")]  # fmt: skip
+    assert [n for n, _ in router_targets(observed, 8100, parse_networks("10.1.0.0/16"))] == ["r-a", "r-b"]
+
+
+def test_what_the_router_lists_is_made_what_is_desired():
+    listing = {"workers": [
+        {"url": "http://10.0.0.1:8000@0", "model_id": "dsv4", "metadata": {"policy": "rendezvous_hash"}},
+        {"url": "http://10.0.0.1:8000@1", "model_id": "other", "metadata": {"policy": "rendezvous_hash"}},
+        {"url": "http://10.0.0.9:8000@0", "model_id": "dsv4", "metadata": {"policy": "rendezvous_hash"}},
+        {"url": "http://203.0.113.5:80", "model_id": "unknown", "metadata": {}},  # what a client added
+        {"url": "http://10.0.0.2:8000@0", "model_id": "dsv4", "metadata": {"policy": "consistent_hash"}},
+        {"no": "url"}, "junk",
+    ]}  # fmt: skip
+    listed = listed_workers(listing, "rendezvous_hash")
+    desired = {Worker(f"http://10.0.0.{i}:8000@{r}", "dsv4") for i in (1, 2) for r in (0, 1)}
+    steps = sync_steps(listed, desired)
+    assert steps.remove == ("http://10.0.0.1:8000@1", "http://10.0.0.2:8000@0", "http://10.0.0.9:8000@0",
+                            "http://203.0.113.5:80")  # fmt: skip
+    assert [w.url for w in steps.add] == ["http://10.0.0.1:8000@1", "http://10.0.0.2:8000@0", "http://10.0.0.2:8000@1"]
+    # Once done, the same listing asks for nothing.
+    done = {"workers": [{"url": w.url, "model_id": w.model, "metadata": {"policy": "rendezvous_hash"}}
+                        for w in desired]}  # fmt: skip
+    assert sync_steps(listed_workers(done, "rendezvous_hash"), desired) == Sync()
+    assert listed_workers({"workers": None}, "rendezvous_hash") == {} and listed_workers([], "x") == {}
+
+
+class FakeRouters:
+    def __init__(self, fail: set[str] = frozenset()):
+        self.calls: list[tuple[str, frozenset, str]] = []
+        self.fail = fail
+
+    def sync(self, base: str, desired: set, policy: str) -> Sync:
+        self.calls.append((base, frozenset(desired), policy))
+        if base in self.fail:
+            from flashserve.controller.router_workers import RouterUnreachable
+
+            raise RouterUnreachable(f"GET {base}/workers: connection refused")
+        return Sync(add=tuple(sorted(desired, key=lambda w: w.url)))
+
+
+def test_the_reconcile_registers_the_engines_ranks_with_each_router_pod(events, clock):
+    kube = FakeKube()
+    kube.router_pods = True
+    c = controller(kube)
+    c.router_workers = routers = FakeRouters()
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash", "port": 8100}}
+    reconcile(c, kube, body("flash", spec))
+    reconcile(c, kube, body("flash", spec))
+    assert {base for base, _, _ in routers.calls} == {"http://10.65.0.1:8100", "http://10.65.0.2:8100"}
+    base, desired, policy = routers.calls[-1]
+    assert policy == "rendezvous_hash"
+    assert {w.url.rsplit("@", 1)[1] for w in desired} == {"0", "1", "2", "3"}  # GB200 node, 4 local ranks
+    hosts = {w.url.split("//")[1].split(":")[0] for w in desired}
+    assert hosts == {kube.pod_ip(s, 0) for s in kube.names("StatefulSet")}
+    assert {w.model for w in desired} == {DEFAULT_SERVED_NAME}  # the first of model.servedModelNames
+    assert any(e["reason"] == "GroupsCreated" for e in events) and not any(e["type"] == "Warning" for e in events)
+
+
+def test_a_router_pod_that_does_not_answer_is_reported_once_per_streak(events, clock):
+    kube = FakeKube()
+    kube.router_pods = True
+    c = controller(kube)
+    c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
+    spec = {"replicas": 1, "routing": {"policy": "rendezvous_hash"}}
+    for _ in range(3):
+        reconcile(c, kube, body("flash", spec))
+    warned = [e for e in events if e["reason"] == "RouterWorkersUnsynced"]
+    assert len(warned) == 1 and f"{router_name('flash')}-5d8f9c7b4-r0" in warned[0]["message"]
+    assert "connection refused" in warned[0]["message"]
+    c.router_workers = FakeRouters()
+    reconcile(c, kube, body("flash", spec))
+    c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
+    reconcile(c, kube, body("flash", spec))
+    assert len([e for e in events if e["reason"] == "RouterWorkersUnsynced"]) == 2, "a new streak is reported"
+
+
+def test_other_policies_leave_the_routers_workers_to_their_discovery(events, clock):
+    kube = FakeKube()
+    kube.router_pods = True
+    c = controller(kube)
+    c.router_workers = routers = FakeRouters()
+    reconcile(c, kube, body("flash", {"replicas": 1}))
+    assert routers.calls == []
