@@ -100,6 +100,7 @@ def test_a_policy_taken_through_the_worker_api_renders_an_igw_router_without_dis
     (policy,) = [p for p in by_kind(objs, "NetworkPolicy") if p["metadata"]["name"] == router_name("flash")]
     operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "flashserve-system"}}}
     assert {"from": [operator], "ports": [{"port": 8200, "protocol": "TCP"}]} in policy["spec"]["ingress"]
+    assert not by_kind(objs, "Role") and not by_kind(objs, "RoleBinding"), "the router reads nothing of the API"
     for other in router_facts.POLICIES:
         (p,) = [p for p in by_kind(_render({"routing": {"policy": other}}), "NetworkPolicy")
                 if p["metadata"]["name"] == router_name("flash")]  # fmt: skip

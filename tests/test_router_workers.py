@@ -7,6 +7,7 @@ from __future__ import annotations
 from flashserve.api.v1alpha1 import DEFAULT_SERVED_NAME
 from flashserve.controller.drain import parse_networks
 from flashserve.controller.observe import Observed, PodView
+from flashserve.controller.reconciler import RECENT_WRITE_S
 from flashserve.controller.router_workers import (
     Sync,
     Worker,
@@ -132,3 +133,18 @@ def test_other_policies_leave_the_routers_workers_to_their_discovery(events, clo
     c.router_workers = routers = FakeRouters()
     reconcile(c, kube, body("flash", {"replicas": 1}))
     assert routers.calls == []
+
+
+def test_switching_to_rendezvous_hash_drops_the_routers_pod_reading_role_and_back_restores_it(events, clock):
+    kube = FakeKube()
+    c = controller(kube)
+    c.router_workers = FakeRouters()
+    status = reconcile(c, kube, body("flash", {"replicas": 1}))
+    rbac = {("Role", router_name("flash")), ("RoleBinding", router_name("flash"))}
+    assert rbac <= {(k, n) for k, _, n in kube.objects}
+    clock.advance(RECENT_WRITE_S + 1)
+    status = reconcile(c, kube, body("flash", {"replicas": 1, "routing": {"policy": "rendezvous_hash"}}, status=status))
+    assert not rbac & {(k, n) for k, _, n in kube.objects}
+    clock.advance(RECENT_WRITE_S + 1)
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert rbac <= {(k, n) for k, _, n in kube.objects}

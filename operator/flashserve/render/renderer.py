@@ -484,8 +484,9 @@ def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMES
     if routing.enabled:
         rctx = {**ctx, **_router_context(obj, namespace)}
         out.append(_render("router-serviceaccount.yaml.j2", **rctx))
-        out.append(_render("router-role.yaml.j2", **rctx))
-        out.append(_render("router-rolebinding.yaml.j2", **rctx))
+        if not routing.registers_workers():  # discovery reads pods; a router the operator feeds reads nothing
+            out.append(_render("router-role.yaml.j2", **rctx))
+            out.append(_render("router-rolebinding.yaml.j2", **rctx))
         out.append(_render("router-deployment.yaml.j2", **rctx))
         if routing.replicas >= 2:
             out.append(_render("router-pdb.yaml.j2", **rctx))
