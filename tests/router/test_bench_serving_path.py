@@ -172,3 +172,11 @@ def test_a_dp_aware_router_lists_each_rank_of_each_engine():
     assert router_workers(engines, 1) == engines
     assert router_workers(engines, 2) == ["http://127.0.0.5:8000@0", "http://127.0.0.5:8000@1",
                                           "http://127.0.0.9:8000@0", "http://127.0.0.9:8000@1"]
+
+
+def test_the_busiest_rank_share_is_over_the_run_not_the_counters_totals():
+    from flashserve_testbed.router.bench_serving_path import busiest_share
+
+    assert busiest_share([100, 0, 5, 5], [104, 2, 7, 7]) == 4 / 2.5
+    assert busiest_share([1, 1], [3, 3]) == 1.0
+    assert busiest_share([1, 1], [1, 1]) is None and busiest_share([], []) is None

@@ -50,6 +50,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from flashserve.api.v1alpha1 import DEFAULT_SERVED_NAME
+from flashserve.facts import router as router_facts
 from flashserve_testbed.localcluster.procs import end
 
 SERVINGS = {
@@ -250,6 +252,24 @@ def _metrics(url: str) -> list:
     return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
 
 
+def served_per_rank(urls: list[str]) -> list[float]:
+    """Requests each data-parallel rank of the engines has finished, engine by engine."""
+    from flashserve_testbed.router.bench_vllm_router import per_rank
+
+    out: list[float] = []
+    for url in urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            out += per_rank(resp.read().decode(), "vllm:request_success_total")
+    return out
+
+
+def busiest_share(before: list[float], after: list[float]) -> float | None:
+    """The busiest rank's requests over the mean rank's, over a run (1.0: perfectly even)."""
+    moved = [a - b for a, b in zip(after, before)]
+    mean = sum(moved) / len(moved) if moved else 0.0
+    return max(moved) / mean if mean > 0 else None
+
+
 def prefix_counters(urls: list[str]) -> tuple[float, float]:
     """(hits, queries) summed over the engines (every data-parallel rank's series)."""
     hits = queries = 0.0
@@ -309,10 +329,11 @@ def router_workers(engines: list[str], ranks: int) -> list[str]:
 
 
 def wait_routers(stack, name: str, engines: list[str], routers: int, ranks: int = 1,
-                 timeout: float = 120.0) -> list[str]:
+                 timeout: float = 120.0, registered: bool = False) -> list[str]:
     """Until `routers` router pods are Ready and each counts exactly the workers of `engines` (router_workers) as
     healthy: a router that found an engine mid-run would rebuild its ring and move a third of the sessions off
-    their caches."""
+    their caches. `registered`: workers the operator registers (IGW mode), whose router leaves
+    vllm_router_active_workers at 0, so the health gauges alone are read."""
     engines = router_workers(engines, ranks)
     deadline = time.monotonic() + timeout
     while True:
@@ -323,7 +344,7 @@ def wait_routers(stack, name: str, engines: list[str], routers: int, ranks: int 
             active = next((s.value for s in samples if s.name == "vllm_router_active_workers"), None)
             healthy = {s.labels.get("worker") for s in samples
                        if s.name == "vllm_router_worker_health" and s.value == 1}  # fmt: skip
-            ok = ok and active == len(engines) and set(engines) <= healthy
+            ok = ok and (registered or active == len(engines)) and set(engines) <= healthy
         if ok:
             return [u for u, _ in pods]
         if time.monotonic() > deadline:
@@ -352,7 +373,9 @@ def _proxy(urls: list[str], log: Path):
 
 
 def _load(base_url: str, sessions: int, seconds: float, seed: int, prefix: str, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", base_url, "--schedule",
+    # The model is named: a router in IGW mode (rendezvous_hash) answers /v1/models with a list of its own.
+    cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", base_url, "--model", DEFAULT_SERVED_NAME,
+           "--schedule",
            f"hold {sessions} {seconds:g}s", "--profile", PROFILE, "--seed", str(seed),
            "--session-prefix", prefix, "--json", str(out), "--json-requests", "-q"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 4 + 120)
@@ -369,31 +392,35 @@ def _ranks() -> int:
     return load(PROFILE).engines_per_replica
 
 
-def measure(stack, mode: str, name: str, sessions: int, seconds: float, seed: int, prefix: str, out: Path) -> dict:
+def measure(stack, mode: str, name: str, sessions: int, seconds: float, seed: int, prefix: str, out: Path,
+            policy: str = "consistent_hash") -> dict:  # fmt: skip
     spec = SERVINGS[mode]
     urls = engine_urls(stack, name)
     if len(urls) != spec["replicas"]:
         raise RuntimeError(f"{name}: {len(urls)} engine pods, expected {spec['replicas']}")
     if spec.get("routing", {}).get("enabled", True):
-        targets, via = wait_routers(stack, name, urls, routers=2, ranks=_ranks()), "router pods"
+        registered = policy in router_facts.WORKER_LABEL_POLICIES
+        targets, via = wait_routers(stack, name, urls, routers=2, ranks=_ranks(), registered=registered), "router pods"
     else:
         targets, via = urls, "engine pods"
     wait_idle(urls)
     proxy, base = _proxy(targets, out.with_suffix(".proxy.log"))
     try:
-        before = prefix_counters(urls)
+        before, served_before = prefix_counters(urls), served_per_rank(urls)
         doc = _load(base, sessions, seconds, seed, prefix, out)
     finally:
         end(proxy)
     wait_idle(urls)
     after = prefix_counters(urls)
+    spread = busiest_share(served_before, served_per_rank(urls))
     s = doc["summary"]
     return {"hit_rate": hit_rate(before, after), "queried_tokens": after[1] - before[1],
             "hit_tokens": after[0] - before[0], "via": f"{len(targets)} {via}", "requests": s["requests"],
             "ok": s["ok"], "errors": s["errors"], "sessions_started": s["sessions"],
             "client_cached_fraction": s["cached_fraction"], "first_turn_share": first_turn_share(doc["requests"]),
             "ceilings": ceilings(doc["requests"], replicas=3),
-            "resident_tokens_per_engine": resident_tokens(doc["requests"], len(urls) * _ranks())}
+            "resident_tokens_per_engine": resident_tokens(doc["requests"], len(urls) * _ranks()),
+            "busiest_rank_share": spread}
 
 
 def _wait_ready(stack, names: dict[str, str], timeout: float = 300) -> None:
@@ -420,9 +447,10 @@ def run_capacity(stack, args: argparse.Namespace, kv_tokens: int | None, tmp: Pa
     engine = {**engine_for_kv(kv_tokens), **rank_balancer_env(args.rank_balancer)}
     names = {mode: serving_name(mode, kv_tokens) for mode in SERVINGS}
     for mode, spec in SERVINGS.items():
+        routing = spec.get("routing") or {"policy": args.policy}
         stack.apply({"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
                      "metadata": {"name": names[mode]},
-                     "spec": {"placement": {"accelerator": "GB200"}, **spec,
+                     "spec": {"placement": {"accelerator": "GB200"}, **spec, "routing": routing,
                               **({"engine": engine} if engine else {})}})  # fmt: skip
     label = "the profile's KV cache" if kv_tokens is None else f"{kv_tokens} KV tokens per engine ({engine})"
     _log(f"[bench] {label}: servings {', '.join(names.values())}")
@@ -441,11 +469,12 @@ def run_capacity(stack, args: argparse.Namespace, kv_tokens: int | None, tmp: Pa
                 _log(f"[bench] {seconds:g} s window, round {r + 1}/{args.rounds} (seed {seed}, sessions "
                      f"{prefix}N): {names[mode]}, {spec['replicas']} replicas, {sessions} sessions")  # fmt: skip
                 m = measure(stack, mode, names[mode], sessions, seconds, seed, prefix,
-                            tmp / f"{names[mode]}-{seconds:g}-{r}.json")
+                            tmp / f"{names[mode]}-{seconds:g}-{r}.json", args.policy)
                 modes[mode] = m
                 _log(f"[bench]   {mode}: hit rate {m['hit_rate']:.1%} (client usage "
                      f"{_pct(m['client_cached_fraction'])}), {m['ok']}/{m['requests']} streams ok via {m['via']}, errors {m['errors'] or 0}, "
-                     f"first turns {_pct(m['first_turn_share'], '.0%')} of prompt tokens")  # fmt: skip
+                     f"first turns {_pct(m['first_turn_share'], '.0%')} of prompt tokens, busiest rank "
+                     f"{m['busiest_rank_share'] or 0:.2f}x the mean")  # fmt: skip
             rounds.append({"seed": seed, "session_prefix": prefix, "modes": modes})
             rr, rs, rv = (modes[k]["hit_rate"] for k in SERVINGS)
             _log(f"[bench] {seconds:g} s round {r + 1}/{args.rounds}: routed {rr:.1%}, single {rs:.1%}, "
@@ -470,7 +499,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         stack.stop(down=not args.keep_cluster, log=_log)
     return {"config": {"rounds": args.rounds, "seconds": list(args.seconds), "sessions_per_replica": args.sessions,
-                       "seed": args.seed, "profile": PROFILE,
+                       "seed": args.seed, "profile": PROFILE, "policy": args.policy,
                        "servings": {k: {"replicas": v["replicas"], "routing": v.get("routing", {"enabled": True})}
                                     for k, v in SERVINGS.items()},
                        "targets": {"near_single_points": NEAR_POINTS, "above_service_points": ABOVE_POINTS}},
@@ -557,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-balancer", choices=("load", "prefix"), default=None,
                    help="the mock engines' choice of data-parallel rank inside a pod: load (vLLM 0.33's own) or "
                         "prefix (the mock's default, which also prefers the rank holding the prefix)")
+    p.add_argument("--policy", choices=router_facts.API_POLICIES, default="consistent_hash",
+                   help="routing.policy of the routed and single servings (default %(default)s)")
     p.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up")
     args = p.parse_args(argv)
     try:
