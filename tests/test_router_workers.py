@@ -148,3 +148,25 @@ def test_switching_to_rendezvous_hash_drops_the_routers_pod_reading_role_and_bac
     clock.advance(RECENT_WRITE_S + 1)
     reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
     assert rbac <= {(k, n) for k, _, n in kube.objects}
+
+
+def test_pods_a_plan_takes_out_of_routing_or_puts_back_count_as_such_at_once():
+    observed = Observed(pods=[_pod("g0-0", "10.0.0.1"), _pod("g1-0", "10.0.0.2", routing="drain")])
+    assert desired_workers(observed, 80, 1, "m", leaving=frozenset({"g0-0"})) == set()
+    assert desired_workers(observed, 80, 1, "m", returning=frozenset({"g1-0"})) == {
+        Worker("http://10.0.0.1:80", "m"), Worker("http://10.0.0.2:80", "m")}
+
+
+def test_a_scale_down_takes_the_groups_ranks_out_of_the_routers_in_the_reconcile_that_drains_it(events, clock):
+    kube = FakeKube()
+    kube.router_pods = True
+    c = controller(kube)
+    c.router_workers = routers = FakeRouters()
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}}
+    status = reconcile(c, kube, body("flash", spec))
+    clock.advance(RECENT_WRITE_S + 1)
+    groups = sorted(kube.names("StatefulSet"))
+    reconcile(c, kube, body("flash", {**spec, "replicas": 1}, status=status))
+    assert ("pod-routing", f"{groups[1]}-0", "drain") in kube.calls
+    hosts = {w.url.split("//")[1].split(":")[0] for w in routers.calls[-1][1]}
+    assert hosts == {kube.pod_ip(groups[0], 0)}, "group 1 left the routers with its drain label"

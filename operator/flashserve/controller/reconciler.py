@@ -177,7 +177,7 @@ class Controller:
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
         self.router_workers = RouterWorkersClient()
-        self._router_unsynced: set[tuple[str, str]] = set()  # (namespace, router pod) whose last sync failed
+        self._router_unsynced: set[tuple[str, str, str]] = set()  # (namespace, serving, router pod): last sync failed
         self.api_server = ApiServerAddresses(lambda: read_slice(self.kube), os.environ)
         if self.engines is None:
             self.engines = EngineMetrics()
@@ -279,13 +279,19 @@ class Controller:
             out[pod] = value if isinstance(value, int) and value >= 0 else None
         return out
 
-    async def _sync_router_workers(self, body: dict, namespace: str, name: str, spec, mine: Observed) -> None:
-        """Each router pod's workers made the engines that take traffic (router_workers.py), concurrently off
-        the event loop. A router that does not answer is asked again at the next reconcile; the first failure
-        of a streak is logged and goes out as a Warning event."""
+    async def _sync_router_workers(self, body: dict, namespace: str, name: str, spec, mine: Observed,
+                                   p: Plan) -> None:  # fmt: skip
+        """Each router pod's workers made the engines that take traffic (router_workers.py), with the pods this
+        plan takes out of routing or puts back, concurrently off the event loop. A router that does not answer
+        is asked again at the next reconcile; the first failure of a streak is logged and goes out as a
+        Warning event."""
         desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],
-                                  self.engine_networks)  # fmt: skip
+                                  self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
+                                  returning=frozenset(pod for pod, _ in p.undrain_pods))  # fmt: skip
         targets = router_targets(mine, spec.routing.port, self.engine_networks)
+        # Forget the failures of router pods that are gone, so the set holds current pods only.
+        current = {(namespace, name, pod) for pod, _ in targets}
+        self._router_unsynced -= {k for k in self._router_unsynced if k[:2] == (namespace, name) and k not in current}
         if not targets:
             return
         loop = asyncio.get_running_loop()
@@ -295,7 +301,7 @@ class Controller:
         for f in pending:
             f.cancel()
         for pod, f in futures.items():
-            key = (namespace, pod)
+            key = (namespace, name, pod)
             if f not in done or f.cancelled():
                 error = f"no answer in {ROUTER_SYNC_WAIT_S:g}s"
             else:
@@ -427,7 +433,7 @@ class Controller:
             self._report(body, p, logger, spec.rollout.drain_seconds)
 
         if spec.routing.registers_workers():
-            await self._sync_router_workers(body, namespace, name, spec, mine)
+            await self._sync_router_workers(body, namespace, name, spec, mine, p)
 
         counts = group_counts(p.groups)
         extra_groups = len(p.deleted_groups) + sum(d.reason == SCALE_DOWN for d in p.draining)

@@ -60,12 +60,17 @@ def _allowed(pod: PodView, networks: tuple[IPNetwork, ...]) -> str | None:
     return host
 
 
-def desired_workers(observed: Observed, port: int, ranks: int, model: str,
-                    networks: tuple[IPNetwork, ...] = ()) -> set[Worker]:  # fmt: skip
-    """One worker per rank of each Ready engine pod that takes traffic (ranks 1: the pod's URL alone)."""
+def desired_workers(observed: Observed, port: int, ranks: int, model: str, networks: tuple[IPNetwork, ...] = (),
+                    leaving: frozenset[str] = frozenset(),
+                    returning: frozenset[str] = frozenset()) -> set[Worker]:  # fmt: skip
+    """One worker per rank of each Ready engine pod that takes traffic (ranks 1: the pod's URL alone).
+    `leaving` and `returning` name pods whose routing label this reconcile turns to drain or back to serve:
+    the routers follow at once, so a drain's settle time (drain.DRAIN_SETTLE_S) is not spent waiting for the
+    next reconcile."""
     out = set()
     for p in observed.pods:
-        if p.routing != ROUTING_SERVE or not p.ready or p.terminating:
+        serving = (p.routing == ROUTING_SERVE or p.name in returning) and p.name not in leaving
+        if not serving or not p.ready or p.terminating:
             continue
         host = _allowed(p, networks)
         if host is None:
