@@ -544,7 +544,9 @@ def plot(out: dict, path: Path) -> Path:
     ax.set_ylabel("prefix-cache hit rate, % (bars: median; dots: rounds)")
     ax.set_ylim(0, 115)
     ax.legend(loc="upper center", ncol=4, fontsize=7, frameon=False)
-    ax.set_title(f"{out['config']['sessions_per_replica']} agentic sessions per replica, local cluster", fontsize=9)
+    policy = out["config"].get("policy", "consistent_hash")
+    ax.set_title(f"{out['config']['sessions_per_replica']} agentic sessions per replica, local cluster, "
+                 f"routing.policy {policy}", fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
