@@ -133,12 +133,21 @@ def drain_targets(observed: Observed, networks: tuple[IPNetwork, ...] = ()) -> l
         owner = owners.get(statefulset_of(p.name))
         if not owner or p.owner_uid != owner:
             continue
-        if engine_address(p.ip) is None:
-            continue
-        if networks and not any(ipaddress.ip_address(p.ip) in n for n in networks):
+        if reachable_host(p, networks) is None:
             continue
         out.append(p)
     return out
+
+
+def reachable_host(pod: PodView, networks: tuple[IPNetwork, ...] = ()) -> str | None:
+    """The pod's address as a URL host when the operator may connect to it: a unicast status.podIP, not of a
+    hostNetwork pod (its IP is a node's), inside one of `networks` when any are given; else None."""
+    host = engine_address(pod.ip) if pod.ip else None
+    if host is None or pod.host_network:
+        return None
+    if networks and not any(ipaddress.ip_address(pod.ip) in n for n in networks):
+        return None
+    return host
 
 
 def engine_address(ip: str) -> str | None:

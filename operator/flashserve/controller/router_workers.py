@@ -11,22 +11,21 @@ worker without asking it first, so only Ready engines are registered.
 
 The addresses are pod IPs from the API server, never a field of the serving, and a router pod is asked only
 when it is the serving's own (owned(): named after its Deployment) and its IP passes the same check as a
-draining engine's (drain.engine_address, --engine-networks). No proxy from the environment, no redirect.
+draining engine's (drain.reachable_host, --engine-networks). No proxy from the environment, no redirect.
 """
 
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from flashserve.controller.drain import IPNetwork, engine_address
+from flashserve.controller.drain import IPNetwork, reachable_host
 from flashserve.controller.engine_metrics import direct_opener
-from flashserve.controller.observe import Observed, PodView
+from flashserve.controller.observe import Observed
 from flashserve.facts import router as router_facts
 from flashserve.render.naming import ROUTING_SERVE
 
@@ -50,16 +49,6 @@ class Sync:
     remove: tuple[str, ...] = ()
 
 
-def _allowed(pod: PodView, networks: tuple[IPNetwork, ...]) -> str | None:
-    """The pod's address as a URL host when the operator may connect to it, else None."""
-    host = engine_address(pod.ip) if pod.ip else None
-    if host is None or pod.host_network:
-        return None
-    if networks and not any(ipaddress.ip_address(pod.ip) in n for n in networks):
-        return None
-    return host
-
-
 def desired_workers(observed: Observed, port: int, ranks: int, model: str, networks: tuple[IPNetwork, ...] = (),
                     leaving: frozenset[str] = frozenset(),
                     returning: frozenset[str] = frozenset()) -> set[Worker]:  # fmt: skip
@@ -72,7 +61,7 @@ def desired_workers(observed: Observed, port: int, ranks: int, model: str, netwo
         serving = (p.routing == ROUTING_SERVE or p.name in returning) and p.name not in leaving
         if not serving or not p.ready or p.terminating:
             continue
-        host = _allowed(p, networks)
+        host = reachable_host(p, networks)
         if host is None:
             continue
         url = f"http://{host}:{port}"
@@ -90,7 +79,7 @@ def router_targets(observed: Observed, port: int, networks: tuple[IPNetwork, ...
     for p in observed.router_pods:
         if p.terminating or p.phase != "Running":
             continue
-        host = _allowed(p, networks)
+        host = reachable_host(p, networks)
         if host is not None:
             out.append((p.name, f"http://{host}:{port}"))
     return sorted(out)
