@@ -551,9 +551,10 @@ class RoutingSpec(_Model):
     each engine (or rank) for the key and takes the best, which spreads sessions more evenly than the ring's
     shares; vllm-router takes it only from workers registered through its worker API, so the router runs
     without pod discovery and the operator registers the engines that take traffic (and removes every other
-    worker), which needs the operator to reach the router pods. It applies to requests naming the first of
-    model.servedModelNames (or no model); others go by consistent_hash. In that mode the router answers
-    /v1/models with its own list, not OpenAI's, so clients name the model rather than list it.
+    worker), which needs the operator to reach the router pods. It applies to requests that name the first of
+    model.servedModelNames in `model`, so clients name it: in that mode the router routes another name by
+    consistent_hash, may refuse a request naming none, and answers /v1/models with its own list, not
+    OpenAI's.
     power_of_two, round_robin and random ignore sessions."""
     cache_aware: CacheAwareSpec = Field(default_factory=CacheAwareSpec)
     """Knobs of the cache_aware policy."""
