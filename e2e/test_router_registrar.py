@@ -7,8 +7,6 @@ takes the drained group's ranks out of the routers before its pods go, cutting n
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -16,7 +14,7 @@ import pytest
 import yaml
 
 from e2e.support import OperatorProcess, fresh_namespace, start_runtime, stop_runtime, wait_until
-from e2e.test_serving_path import _finish
+from e2e.test_serving_path import _finish, _start_load
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,15 +27,6 @@ def _call(method: str, url: str, body: dict | None = None) -> dict:
     req = urllib.request.Request(url, data, {"content-type": "application/json"}, method=method)
     with _LOCAL.open(req, timeout=10) as resp:
         return json.loads(resp.read())
-
-
-def _start_load(url: str, report, seconds: int) -> subprocess.Popen:
-    """The load generator's agentic sessions, naming the model: in IGW mode the router answers /v1/models with
-    its own list ({"models": [...]}, text/plain), not OpenAI's, so a client cannot discover it there."""
-    cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", f"{url}/v1", "--model", "deepseek-flash",
-           "--schedule", f"ramp 0 8 3s; hold 8 {seconds}s", "--prompt-scale", "0.2", "--gap-seconds", "1",
-           "--sla", "100", "--json", str(report), "--progress-interval", "15"]  # fmt: skip
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _dss(kubectl, namespace: str) -> dict:
@@ -138,7 +127,8 @@ def test_a_worker_a_client_adds_is_taken_out_again(hrw_stack, kubectl):
 def test_scale_down_takes_the_drained_ranks_out_first_and_cuts_no_stream(hrw_stack, kubectl):
     namespace, url, logs = hrw_stack
     report = logs / "scale-down.json"
-    load = _start_load(url, report, 30)
+    # The model is named: in IGW mode the router answers /v1/models with {"models": [...]}, not OpenAI's list.
+    load = _start_load(url, report, 30, model="deepseek-flash")
     polls: list[tuple[int, int]] = []  # (workers the router lists, engine pods left)
     try:
         time.sleep(8)

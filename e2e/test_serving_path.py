@@ -142,10 +142,11 @@ def test_the_router_the_operator_renders_sends_a_session_to_one_rank_of_one_pod(
     assert not [p.name for p in router_logs if "e2e-one-rank" in p.read_text(errors="replace")]
 
 
-def _start_load(url: str, report: Path, seconds: int) -> subprocess.Popen:
+def _start_load(url: str, report: Path, seconds: int, model: str | None = None) -> subprocess.Popen:
+    """`model` named, or the first of the endpoint's /models."""
     cmd = [sys.executable, "-m", "flashserve.cli", "load", "--base-url", f"{url}/v1", "--schedule",
            f"ramp 0 8 3s; hold 8 {seconds}s", "--prompt-scale", "0.2", "--gap-seconds", "1", "--sla", "100",
-           "--json", str(report), "--progress-interval", "15"]  # fmt: skip
+           "--json", str(report), "--progress-interval", "15", *(["--model", model] if model else [])]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

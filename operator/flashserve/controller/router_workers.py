@@ -109,7 +109,9 @@ def sync_steps(listed: dict[str, Worker | None], desired: set[Worker]) -> Sync:
 
 
 class RouterUnreachable(Exception):
-    pass
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status  # the HTTP status the router answered, if it answered
 
 
 class RouterWorkersClient:
@@ -126,7 +128,7 @@ class RouterWorkersClient:
             with self._opener.open(req, timeout=self.timeout) as resp:
                 text = resp.read(MAX_LISTING_BYTES + 1)
         except urllib.error.HTTPError as exc:
-            raise RouterUnreachable(f"{method} {url}: HTTP {exc.code}") from None
+            raise RouterUnreachable(f"{method} {url}: HTTP {exc.code}", exc.code) from None
         except (OSError, ValueError, http.client.HTTPException) as exc:
             raise RouterUnreachable(f"{method} {url}: {exc}") from None
         if len(text) > MAX_LISTING_BYTES:
@@ -143,7 +145,7 @@ class RouterWorkersClient:
             try:
                 self._call("DELETE", f"{base}{router_facts.WORKERS_PATH}/{urllib.parse.quote(url, safe='')}")
             except RouterUnreachable as exc:
-                if "HTTP 400" not in str(exc):  # WORKER_NOT_FOUND: gone already
+                if exc.status != 400:  # WORKER_NOT_FOUND: gone already
                     raise
         for w in steps.add:
             self._call("POST", base + router_facts.WORKERS_PATH,
