@@ -1,12 +1,15 @@
 """`routing.policy: rendezvous_hash` on the local cluster: the real vllm-router in IGW mode (no pod discovery),
 its workers kept by the operator (controller/router_workers.py). The router pods get every rank of the ready
 engines, a session stays on one rank, a worker a client posts is taken out again, and a scale-down under load
-takes the drained group's ranks out of the routers before its pods go, cutting no stream.
+takes the drained group's ranks out of the routers before its pods go, cutting no stream; an idle group waits
+for a router pod that does not answer (its process stopped) before it goes.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.request
 
@@ -147,3 +150,45 @@ def test_scale_down_takes_the_drained_ranks_out_first_and_cuts_no_stream(hrw_sta
     first_deleted = next(i for i, (_, pods) in enumerate(polls) if pods == 1)
     assert first_out <= first_deleted, "the ranks leave the router before the pods go"
     assert set(_workers(url)) == _engine_ranks(kubectl, namespace)
+
+
+def _router_process(pod: dict) -> int:
+    """The pid of the router pod's vllm-router process: the mock runtime's container ID carries it."""
+    (cs,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "router"]
+    scheme, _, pid = cs["containerID"].partition("://")
+    assert scheme == "flashserve-mock", cs["containerID"]
+    return int(pid)
+
+
+def test_an_idle_group_waits_for_a_router_that_does_not_answer_before_it_goes(hrw_stack, kubectl):
+    namespace, _, _ = hrw_stack
+    kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 2}}')
+    wait_until(lambda: int((_dss(kubectl, namespace).get("status") or {}).get("readyReplicas") or 0) == 2, 120,
+               interval=1, what="2 ready groups again")  # fmt: skip
+    bases = _router_bases(kubectl, namespace)
+    for base in bases:
+        wait_until(lambda: len(_workers(base)) == 8, 30, interval=0.5, what=f"{base} lists both groups")
+    (pod,) = [p for p in _pods(kubectl, namespace, "router") if f"http://{p['status']['podIP']}:8000" == bases[0]]
+    stopped = _router_process(pod)
+    os.kill(stopped, signal.SIGSTOP)  # the router pod neither answers nor routes: a router the operator cannot reach
+    try:
+        kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
+        t0 = time.monotonic()
+        wait_until(lambda: (_dss(kubectl, namespace).get("status") or {}).get("drainingGroups"), 30, interval=0.5,
+                   what="group 1 draining")  # fmt: skip
+        assert len(_workers(bases[1])) == 4, "the router that answers dropped group 1 at once"
+        # Idle engines, well past the 5 s settle time and several 2-s polls: the group stays for the router.
+        time.sleep(15)
+        assert len(_pods(kubectl, namespace, "engine")) == 2, "an idle group went while a router still listed it"
+        events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
+                                    "reason=RouterWorkersUnsynced", "-o", "json").stdout)["items"]  # fmt: skip
+        assert any("drains of this serving wait for it" in e["message"] for e in events), events
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait_until(lambda: len(_pods(kubectl, namespace, "engine")) == 1, 60, interval=0.5,
+               what="group 1 deleted once the router answered")  # fmt: skip
+    waited = time.monotonic() - t0
+    (drain,) = _dss(kubectl, namespace)["status"]["lastDrains"]
+    print(f"\nan idle group waited {waited:.1f}s for a stopped router; lastDrains: {drain}")
+    assert drain["endedBy"] == "Idle" and "routersBehind" not in drain
+    assert set(_workers(bases[0])) == _engine_ranks(kubectl, namespace)

@@ -101,6 +101,32 @@ def test_a_busy_group_waits_until_it_is_idle_or_drain_seconds_pass():
     assert not p.delete and [d.in_flight for d in p.draining] == [None]
 
 
+def test_where_the_operator_keeps_the_routers_workers_an_idle_group_waits_for_every_router_to_confirm():
+    routing = {"rollout": {"drainSeconds": 60}, "routing": {"policy": "rendezvous_hash"}}
+    big, small = serving({"replicas": 2, **routing}), serving({"replicas": 1, **routing})
+    observed = out_of_routing(at(observe(big), T0 + DRAIN_SETTLE_S), {1})
+    # Not since the operator started; only before the group left routing; in the second the annotation holds,
+    # which may have been before the label.
+    for synced in (None, T0 - 1, T0 + 0.5):
+        observed.routers_synced_at = synced
+        p = plan(small, observed)
+        assert not p.delete and [(d.group, d.routers_behind) for d in p.draining] == [(1, True)]
+    observed.routers_synced_at = T0 + 1
+    assert [(d.group, d.ended_by) for d in plan(small, observed).drained] == [(1, "Idle")]
+
+    # A router that never confirms holds the group until drainSeconds, and the ended drain says so.
+    observed.routers_synced_at = None
+    (d,) = plan(small, at(observed, T0 + 60)).drained
+    assert (d.ended_by, d.ended()["routersBehind"]) == ("Timeout", True)
+
+    # Routers that discover the pods themselves see the label: the settle time is all a drain waits for them.
+    plain = serving({"replicas": 1, "rollout": {"drainSeconds": 60}})
+    observed = out_of_routing(at(observe(serving({"replicas": 2})), T0 + DRAIN_SETTLE_S), {1})
+    assert observed.routers_synced_at is None
+    (d,) = plan(plain, observed).drained
+    assert d.ended_by == "Idle" and "routersBehind" not in d.ended()
+
+
 def test_pods_that_are_not_ready_or_have_no_ip_count_as_idle():
     big = serving({"replicas": 2, "parallelism": {"nodesPerReplica": 2}})
     small = serving({"replicas": 1, "parallelism": {"nodesPerReplica": 2}})

@@ -5,7 +5,7 @@ tests/router/test_vllm_router.py runs the same client against the real vllm-rout
 from __future__ import annotations
 
 from flashserve.api.v1alpha1 import DEFAULT_SERVED_NAME
-from flashserve.controller.drain import parse_networks
+from flashserve.controller.drain import DRAIN_SETTLE_S, parse_networks
 from flashserve.controller.observe import Observed, PodView
 from flashserve.controller.reconciler import RECENT_WRITE_S
 from flashserve.controller.router_workers import (
@@ -18,6 +18,7 @@ from flashserve.controller.router_workers import (
 )
 from flashserve.render.naming import router_name
 
+from tests.builders import NS
 from tests.fakes import FakeKube, body, controller, reconcile
 
 
@@ -170,3 +171,87 @@ def test_a_scale_down_takes_the_groups_ranks_out_of_the_routers_in_the_reconcile
     assert ("pod-routing", f"{groups[1]}-0", "drain") in kube.calls
     hosts = {w.url.split("//")[1].split(":")[0] for w in routers.calls[-1][1]}
     assert hosts == {kube.pod_ip(groups[0], 0)}, "group 1 left the routers with its drain label"
+
+
+def test_a_drain_ends_idle_only_after_every_router_pod_confirmed_that_the_group_left(events, clock):
+    kube = FakeKube()
+    kube.router_pods = True
+    c = controller(kube)
+    c.router_workers = FakeRouters()
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 60}}
+    status = reconcile(c, kube, body("flash", spec))
+    clock.advance(RECENT_WRITE_S + 1)
+    groups = sorted(kube.names("StatefulSet"))
+    down = {**spec, "replicas": 1}
+    c.router_workers = FakeRouters(fail={"http://10.65.0.2:8000"})
+    for _ in range(3):  # idle engines, past the settle time, but one router still lists the group
+        status = reconcile(c, kube, body("flash", down, status=status))
+        clock.advance(DRAIN_SETTLE_S)
+    assert ("StatefulSet", NS, groups[1]) in kube.objects
+    (warned,) = [e for e in events if e["reason"] == "RouterWorkersUnsynced"]
+    assert "drains of this serving wait for it" in warned["message"]
+    c.router_workers = FakeRouters()
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, groups[1]) in kube.objects, "confirmed in this reconcile: the next one may end it"
+    clock.advance(1)
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, groups[1]) not in kube.objects
+    assert [(d["endedBy"], "routersBehind" in d) for d in status["lastDrains"]] == [("Idle", False)]
+
+
+def test_a_drain_whose_routers_never_confirm_goes_at_drain_seconds_and_status_says_why(events, clock):
+    kube = FakeKube()
+    kube.router_pods = True
+    c = controller(kube)
+    c.router_workers = FakeRouters()
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 30}}
+    status = reconcile(c, kube, body("flash", spec))
+    clock.advance(RECENT_WRITE_S + 1)
+    c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))
+    clock.advance(30)
+    events.clear()
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert [(d["endedBy"], d.get("routersBehind")) for d in status["lastDrains"]] == [("Timeout", True)]
+    (drained,) = [e for e in events if e["reason"] == "Drained"]
+    assert drained["type"] == "Warning" and "router pod not yet told" in drained["message"]
+
+
+def test_a_router_pod_whose_sync_hangs_gets_no_second_one_until_it_ends(events, clock, monkeypatch):
+    import threading
+
+    from flashserve.controller import reconciler
+
+    monkeypatch.setattr(reconciler, "ROUTER_SYNC_WAIT_S", 0.2)
+    release = threading.Event()
+
+    class Hanging(FakeRouters):
+        def sync(self, base: str, desired: set, policy: str) -> Sync:
+            if base == "http://10.65.0.1:8000":
+                self.calls.append((base, frozenset(desired), policy))
+                release.wait(10)
+                return Sync()
+            return super().sync(base, desired, policy)
+
+    kube = FakeKube()
+    kube.router_pods = True
+    c = controller(kube)
+    c.router_workers = routers = Hanging()
+    spec = {"replicas": 1, "routing": {"policy": "rendezvous_hash"}}
+    try:
+        for _ in range(4):  # the router pods show from the second reconcile on
+            reconcile(c, kube, body("flash", spec))
+        asked = [base for base, _, _ in routers.calls]
+        assert asked.count("http://10.65.0.1:8000") == 1 and asked.count("http://10.65.0.2:8000") == 3
+        (warned,) = [e for e in events if e["reason"] == "RouterWorkersUnsynced"]
+        assert "no answer in 0.2s" in warned["message"]
+    finally:
+        release.set()
+    wait = threading.Event()
+    for _ in range(50):  # the hung call returns; the next reconcile asks that pod again
+        if all(f.done() for f in c._router_syncing.values()):
+            break
+        wait.wait(0.05)
+    reconcile(c, kube, body("flash", spec))
+    assert [base for base, _, _ in routers.calls].count("http://10.65.0.1:8000") == 2

@@ -702,12 +702,16 @@ class EndedDrain(_Model):
     group: int
     reason: Literal["ScaleDown", "Rollout", "Rename"]
     ended_by: Literal["Idle", "Timeout"]
-    """Idle: every engine of the group reported no running or waiting request; Timeout: rollout.drainSeconds
-    passed first, and the group went with the requests it still had."""
+    """Idle: every engine of the group reported no running or waiting request (and, under routing.policy
+    rendezvous_hash, every router pod had confirmed that the group left its workers); Timeout:
+    rollout.drainSeconds passed first, and the group went with the requests it still had."""
     seconds: float
     """How long the drain took."""
     requests_in_flight: int | None = None
     """Requests the group still had when it went (0 when idle; unknown when its engines could not be read)."""
+    routers_behind: bool | None = None
+    """True when a router pod had not confirmed that the group left its workers (routing.policy
+    rendezvous_hash): until the group went, that router may have sent it new requests."""
     time: str = Field(max_length=64)
     """When the drain ended (RFC 3339, UTC)."""
 

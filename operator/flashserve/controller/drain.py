@@ -6,8 +6,9 @@ the plain Service's drop) and the annotation saying since when. An operator that
 the watch and carries on; nothing is kept in memory.
 
 A drain ends when every engine of the group reports no running and no waiting request (`Idle`), once the
-router has had time to see the label, or when spec.rollout.drainSeconds has passed since the first pod was
-taken out (`Timeout`), whichever comes first.
+router has had time to see the label (and, where the operator keeps the router's workers, once every router pod
+has confirmed the group left it), or when spec.rollout.drainSeconds has passed since the first pod was taken
+out (`Timeout`), whichever comes first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from flashserve.render.naming import ROUTING_DRAIN
 # nothing against drains that wait minutes for long generations.
 DRAIN_SETTLE_S = 5.0
 
+# drain-since is written as Kubernetes writes times: whole seconds (clock.iso_at).
+ANNOTATION_RESOLUTION_S = 1.0
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SCALE_DOWN = "ScaleDown"
@@ -44,6 +48,7 @@ class Drain:
     in_flight: int | None  # running + waiting requests over the engines that answered; None: none answered
     ended_by: str | None = None  # IDLE or TIMEOUT when the drain ended in this plan
     ended_at: float = 0.0
+    routers_behind: bool = False  # a router pod had not confirmed that the group left its workers
 
     def status(self) -> dict:
         """status.drainingGroups' entry: what changes only when the drain starts or ends. The requests still in
@@ -56,6 +61,8 @@ class Drain:
                "seconds": round(max(0.0, self.ended_at - self.since), 1), "time": iso_at(self.ended_at)}  # fmt: skip
         if self.in_flight is not None:
             out["requestsInFlight"] = self.in_flight
+        if self.routers_behind:
+            out["routersBehind"] = True
         return out
 
 
@@ -95,13 +102,26 @@ def drain_step(index: int, reason: str, pods: list[PodView], spec: DeepSeekServi
     known = [x for x in loads if x is not None]
     requests = sum(known) if known else None
     idle = all(x == 0 for x in loads)
+    behind = routers_behind(spec, observed, last)
     ended_by = None
-    if not label and idle and now - last >= DRAIN_SETTLE_S:
+    if not label and idle and not behind and now - last >= DRAIN_SETTLE_S:
         ended_by = IDLE
     elif now - first >= seconds:
         ended_by = TIMEOUT
-    drain = Drain(index, reason, first, requests, ended_by, now if ended_by else 0.0)
+    drain = Drain(index, reason, first, requests, ended_by, now if ended_by else 0.0, behind)
     return DrainStep(ended_by is not None, label, drain, not marked)
+
+
+def routers_behind(spec: DeepSeekServingSpec, observed: Observed, last: float) -> bool:
+    """Whether a router may still send the group work although its pods were out of routing by `last`. Where
+    the operator keeps the router's workers (controller/router_workers.py) no watch tells the router of the
+    label: it learns when the operator's DELETE reaches it, and a router pod that did not answer keeps sending
+    new requests to an idle engine. So the drain waits for a reconcile after `last` in which every router pod
+    answered (observed.routers_synced_at; None: none since the operator started). The annotation holds whole
+    seconds, so a reconcile in the same second as `last` may have come before the label: it does not count."""
+    if not spec.routing.registers_workers():
+        return False
+    return observed.routers_synced_at is None or observed.routers_synced_at < last + ANNOTATION_RESOLUTION_S
 
 
 def parse_networks(text: str) -> tuple[IPNetwork, ...]:

@@ -106,6 +106,9 @@ class Observed:
     now: float = 0.0  # wall clock, seconds since the epoch (drain times are wall-clock annotations)
     in_flight: dict[str, int | None] = field(default_factory=dict)  # pod -> running + waiting requests it
     # reported (None: it did not answer); only pods of draining groups are asked
+    # When every router pod of the serving last confirmed its workers (the observation time the workers were
+    # computed from), where the operator keeps them; None: not since the operator started
+    routers_synced_at: float | None = None
 
 
 def controller_uid(child: dict) -> str | None:

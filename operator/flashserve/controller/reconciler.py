@@ -178,6 +178,8 @@ class Controller:
         self.kube = Kube(self.api)
         self.router_workers = RouterWorkersClient()
         self._router_unsynced: set[tuple[str, str, str]] = set()  # (namespace, serving, router pod): last sync failed
+        self._routers_synced: dict[tuple[str, str], float] = {}  # serving -> Observed.routers_synced_at
+        self._router_syncing: dict[tuple[str, str, str], concurrent.futures.Future] = {}  # router pod -> its sync
         self.api_server = ApiServerAddresses(lambda: read_slice(self.kube), os.environ)
         if self.engines is None:
             self.engines = EngineMetrics()
@@ -201,6 +203,7 @@ class Controller:
         self._draining.discard((namespace, name))
         self.startups.forget(namespace, name)
         self.drains.pop((namespace, name), None)
+        self._routers_synced.pop((namespace, name), None)
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -284,7 +287,8 @@ class Controller:
         """Each router pod's workers made the engines that take traffic (router_workers.py), with the pods this
         plan takes out of routing or puts back, concurrently off the event loop. A router that does not answer
         is asked again at the next reconcile; the first failure of a streak is logged and goes out as a
-        Warning event."""
+        Warning event. Once every router pod has answered, drains may count the group as gone from the routers
+        (drain.routers_behind)."""
         desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],
                                   self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
                                   returning=frozenset(pod for pod, _ in p.undrain_pods))  # fmt: skip
@@ -292,17 +296,32 @@ class Controller:
         # Forget the failures of router pods that are gone, so the set holds current pods only.
         current = {(namespace, name, pod) for pod, _ in targets}
         self._router_unsynced -= {k for k in self._router_unsynced if k[:2] == (namespace, name) and k not in current}
-        if not targets:
+        if not targets:  # a router pod the operator cannot reach was never given a worker: it routes nothing
+            self._routers_synced[(namespace, name)] = mine.now
             return
-        loop = asyncio.get_running_loop()
-        futures = {pod: loop.run_in_executor(_probes, self.router_workers.sync, base, desired, spec.routing.policy)
-                   for pod, base in targets}  # fmt: skip
-        done, pending = await asyncio.wait(futures.values(), timeout=ROUTER_SYNC_WAIT_S)
-        for f in pending:
-            f.cancel()
-        for pod, f in futures.items():
+        # One sync per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
+        # answers slowly must not take the probe pool (which drains of every serving share) one more thread at
+        # each reconcile.
+        self._router_syncing = {k: f for k, f in self._router_syncing.items() if not f.done()}
+        futures: dict[str, concurrent.futures.Future] = {}
+        for pod, base in targets:
             key = (namespace, name, pod)
-            if f not in done or f.cancelled():
+            if key not in self._router_syncing:
+                futures[pod] = self._router_syncing[key] = _probes.submit(
+                    self.router_workers.sync, base, desired, spec.routing.policy)
+        done: set = set()
+        if futures:
+            waiting = [asyncio.wrap_future(f) for f in futures.values()]
+            await asyncio.wait(waiting, timeout=ROUTER_SYNC_WAIT_S)
+            for w in waiting:  # a late outcome is dropped (the next reconcile asks again): read, not logged as lost
+                w.add_done_callback(lambda w: w.cancelled() or w.exception())
+            done = {f for f in futures.values() if f.done()}
+        for pod, _ in targets:
+            key = (namespace, name, pod)
+            f = futures.get(pod)
+            if f is None:
+                error = "its previous sync has not finished"
+            elif f not in done:
                 error = f"no answer in {ROUTER_SYNC_WAIT_S:g}s"
             else:
                 error = None if f.exception() is None else str(f.exception())
@@ -314,9 +333,12 @@ class Controller:
                              [w.url for w in steps.add], list(steps.remove))  # fmt: skip
             elif key not in self._router_unsynced:
                 self._router_unsynced.add(key)
-                message = f"cannot keep the workers of router pod {pod}: {error}"
+                message = (f"cannot keep the workers of router pod {pod}: {error}; drains of this serving wait "
+                           f"for it, at most rollout.drainSeconds ({spec.rollout.drain_seconds} s)")
                 log.warning("%s/%s: %s", namespace, name, message)
                 kopf.event(body, type="Warning", reason="RouterWorkersUnsynced", message=message)
+        if not any(k[:2] == (namespace, name) for k in self._router_unsynced):
+            self._routers_synced[(namespace, name)] = mine.now
 
     def _next_refusal_check(self, key: tuple[str, str]) -> float | None:
         """Seconds until a StatefulSet short of pods is due to be looked into (again), if one is."""
@@ -402,6 +424,7 @@ class Controller:
 
         mine.now = time.time()
         mine.in_flight = await self._probe(mine, spec.engine.port)
+        mine.routers_synced_at = self._routers_synced.get((namespace, name))
         loop = asyncio.get_running_loop()
         p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace,
                                                 self.api_server.value)  # fmt: skip
@@ -591,6 +614,8 @@ class Controller:
                        f"most {drain_seconds} s after it started")  # fmt: skip
         for d in p.drained:
             left = "" if d.in_flight in (0, None) else f", {d.in_flight} requests still in flight"
+            if d.routers_behind:
+                left += ", a router pod not yet told that it left routing"
             kopf.event(body, type="Normal" if d.ended_by == "Idle" else "Warning", reason="Drained",
                        message=f"group {d.group} drained ({d.ended_by.lower()}) after "
                        f"{max(0.0, d.ended_at - d.since):.0f} s{left}")  # fmt: skip
