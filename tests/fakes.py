@@ -67,6 +67,7 @@ class FakeKube:
         self.errors: dict[tuple[str, str], BaseException | list[BaseException]] = {}
         self.requests = 0
         self.router_pods = False  # also show the router Deployments' pods (Running, ready, 10.65.0.0/16)
+        self.router_started_at: float | None = None  # their router container's start (None: not in the status)
         # Pods are made from their StatefulSet at each look; what was patched onto one lives here until it is
         # deleted (then the StatefulSet makes it again, with a new uid and its template's labels).
         self.pod_meta: dict[str, dict] = {}  # pod -> {"labels": ..., "annotations": ...}
@@ -223,7 +224,8 @@ class FakeKube:
             if kind == "Deployment" and self.router_pods:
                 for k in range(obj["spec"]["replicas"]):
                     out.pods.append(PodView(f"{name}-5d8f9c7b4-r{k}", -1, "", True, False, "Running", False, 0, "node",
-                                            ip=f"10.65.0.{k + 1}", component="router"))  # fmt: skip
+                                            ip=f"10.65.0.{k + 1}", component="router",
+                                            started_at=self.router_started_at))  # fmt: skip
         return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from flashserve.api.validation import SpecError, parse_serving
+from flashserve.controller.observe import ROUTER_CONTAINER
 from flashserve.facts import router as router_facts
 from flashserve.render.naming import ROUTING_LABEL, ROUTING_SERVE, router_name
 from flashserve.render.renderer import render, template_hash
@@ -42,7 +43,7 @@ def _client_service(objs: list[dict]) -> dict:
 
 def test_default_router_command_line_is_the_contract():
     c = _container(_render({}))
-    assert c["name"] == "router" and c["command"] == ["vllm-router"]
+    assert c["name"] == ROUTER_CONTAINER and c["command"] == ["vllm-router"]
     assert c["image"] == router_facts.ROUTER_IMAGE
     assert c["args"] == [
         "--host", "0.0.0.0", "--port", "8000", "--policy", "consistent_hash", "--service-discovery",

@@ -255,3 +255,37 @@ def test_a_router_pod_whose_sync_hangs_gets_no_second_one_until_it_ends(events, 
         wait.wait(0.05)
     reconcile(c, kube, body("flash", spec))
     assert [base for base, _, _ in routers.calls].count("http://10.65.0.1:8000") == 2
+
+
+def test_a_router_that_just_started_is_not_reported_until_it_had_time_to_listen(events, clock):
+    from flashserve.controller.reconciler import ROUTER_START_GRACE_S
+
+    kube = FakeKube()
+    kube.router_pods = True
+    kube.router_started_at = clock.time()
+    c = controller(kube)
+    c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 60}}
+    status = reconcile(c, kube, body("flash", spec))
+    clock.advance(RECENT_WRITE_S + 1)
+    status = reconcile(c, kube, body("flash", {**spec, "replicas": 1}, status=status))
+    clock.advance(DRAIN_SETTLE_S + 1)
+    status = reconcile(c, kube, body("flash", {**spec, "replicas": 1}, status=status))
+    assert not [e for e in events if e["reason"] == "RouterWorkersUnsynced"]
+    assert len(kube.names("StatefulSet")) == 2, "unreported, the router still holds the idle group"
+    clock.advance(ROUTER_START_GRACE_S)
+    reconcile(c, kube, body("flash", {**spec, "replicas": 1}, status=status))
+    assert len([e for e in events if e["reason"] == "RouterWorkersUnsynced"]) == 1
+
+
+def test_a_router_pods_start_is_its_router_containers():
+    from flashserve.clock import parse_iso
+    from flashserve.controller.observe import pod_view
+
+    at = "2026-12-06T10:00:00Z"
+    statuses = [{"name": "router", "state": {"running": {"startedAt": at}}}]
+    router = pod_view({"metadata": {"name": "r", "labels": {"app.kubernetes.io/component": "router"}},
+                       "status": {"phase": "Running", "containerStatuses": statuses}})  # fmt: skip
+    engine = pod_view({"metadata": {"name": "e", "labels": {"app.kubernetes.io/component": "engine"}},
+                       "status": {"phase": "Running", "containerStatuses": statuses}})  # fmt: skip
+    assert (router.started_at, engine.started_at) == (parse_iso(at), None)

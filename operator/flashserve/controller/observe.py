@@ -17,6 +17,7 @@ DRAIN_SINCE_ANNOTATION = "flashserve.io/drain-since"
 # The engine container of a group's pods (render/templates/statefulset.yaml.j2): its start is the group's
 # "running", and its startupProbe the budget a start-up is measured against.
 ENGINE_CONTAINER = "vllm"
+ROUTER_CONTAINER = "router"  # the router Deployment's container (templates/router-deployment.yaml.j2)
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class PodView:
     host_network: bool = False
     component: str = ""  # app.kubernetes.io/component: engine or router
     # The API's own times of a start-up, in seconds since the epoch (None: not there yet): PodScheduled=True,
-    # the engine container's state.running.startedAt, Ready=True (the condition's lastTransitionTime each)
+    # state.running.startedAt of the engine container (a router pod's: the router container), Ready=True
+    # (the condition's lastTransitionTime each)
     scheduled_at: float | None = None
     started_at: float | None = None
     ready_at: float | None = None
@@ -220,7 +222,8 @@ def pod_view(body: dict) -> PodView:
     sched = conditions.get("PodScheduled", {})
     unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
     restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
-    engine = next((c for c in status.get("containerStatuses") or [] if c.get("name") == ENGINE_CONTAINER), {})
+    own = ROUTER_CONTAINER if labels.get(COMPONENT_LABEL) == "router" else ENGINE_CONTAINER
+    engine = next((c for c in status.get("containerStatuses") or [] if c.get("name") == own), {})
     started = ((engine.get("state") or {}).get("running") or {}).get("startedAt")
     try:
         group = int(labels.get(GROUP_LABEL, "-1"))

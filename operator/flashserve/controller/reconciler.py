@@ -105,6 +105,10 @@ PROBE_WAIT_S = 3.0
 # Each router pod's sync is a listing and a few small writes (router_workers.TIMEOUT_S each); a pod slower
 # than this is left to the next reconcile.
 ROUTER_SYNC_WAIT_S = 10.0
+# A router container that started moments ago may not listen yet: its failures are not reported (drains still
+# wait for it) until it has had this long, which covers vllm-router's start on the local cluster (~1.5 s) many
+# times over.
+ROUTER_START_GRACE_S = 30.0
 _probes = concurrent.futures.ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="flashserve-probe")
 
 log = logging.getLogger(__name__)
@@ -178,6 +182,7 @@ class Controller:
         self.kube = Kube(self.api)
         self.router_workers = RouterWorkersClient()
         self._router_unsynced: set[tuple[str, str, str]] = set()  # (namespace, serving, router pod): last sync failed
+        self._router_warned: set[tuple[str, str, str]] = set()  # those of them whose streak has been reported
         self._routers_synced: dict[tuple[str, str], float] = {}  # serving -> Observed.routers_synced_at
         self._router_syncing: dict[tuple[str, str, str], concurrent.futures.Future] = {}  # router pod -> its sync
         self.api_server = ApiServerAddresses(lambda: read_slice(self.kube), os.environ)
@@ -296,6 +301,7 @@ class Controller:
         # Forget the failures of router pods that are gone, so the set holds current pods only.
         current = {(namespace, name, pod) for pod, _ in targets}
         self._router_unsynced -= {k for k in self._router_unsynced if k[:2] == (namespace, name) and k not in current}
+        self._router_warned &= self._router_unsynced
         if not targets:  # a router pod the operator cannot reach was never given a worker: it routes nothing
             self._routers_synced[(namespace, name)] = mine.now
             return
@@ -327,12 +333,17 @@ class Controller:
                 error = None if f.exception() is None else str(f.exception())
             if error is None:
                 self._router_unsynced.discard(key)
+                self._router_warned.discard(key)
                 steps = f.result()
                 if steps.add or steps.remove:
                     log.info("%s/%s: router pod %s: registered %s, removed %s", namespace, name, pod,
                              [w.url for w in steps.add], list(steps.remove))  # fmt: skip
-            elif key not in self._router_unsynced:
-                self._router_unsynced.add(key)
+                continue
+            self._router_unsynced.add(key)
+            pod_view = next(r for r in mine.router_pods if r.name == pod)
+            starting = pod_view.started_at is not None and mine.now - pod_view.started_at < ROUTER_START_GRACE_S
+            if key not in self._router_warned and not starting:
+                self._router_warned.add(key)
                 message = (f"cannot keep the workers of router pod {pod}: {error}; drains of this serving wait "
                            f"for it, at most rollout.drainSeconds ({spec.rollout.drain_seconds} s)")
                 log.warning("%s/%s: %s", namespace, name, message)
