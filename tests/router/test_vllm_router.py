@@ -19,6 +19,7 @@ import pytest
 from flashserve.facts import router as router_facts
 from flashserve_testbed.bench.routing import rendezvous_pick, session_key
 from flashserve_testbed.localcluster.procs import end
+from flashserve_testbed.router.bench_registrar import start_igw
 from flashserve_testbed.router import mockfleet as mf
 from flashserve_testbed.router.vllm_router import (
     RouterOptions,
@@ -326,23 +327,9 @@ def test_the_session_key_reaches_the_log_at_info_and_not_at_the_shipped_warn(eng
 
 def _igw_router(tmp_path: Path, binary: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
     """vllm-router in IGW mode with no worker: workers come through its `POST /workers`, as no flag sets them."""
-    port, log = free_port(), tmp_path / "router-igw.log"
-    cmd = [str(binary), "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-           "--prometheus-port", str(free_port()), "--policy", "consistent_hash", "--enable-igw", *args]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "NO_COLOR": "1", router_facts.LOG_ENV: "info"})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=2).read()
-            return proc, base, log
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                end(proc)
-                raise AssertionError(log.read_text()[-2000:]) from None
-            time.sleep(0.2)
+    log = tmp_path / "router-igw.log"
+    proc, base = start_igw(log, *args, executable=binary)
+    return proc, base, log
 
 
 def _register(base: str, url: str, **fields) -> None:
