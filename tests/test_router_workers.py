@@ -4,6 +4,7 @@ tests/router/test_vllm_router.py runs the same client against the real vllm-rout
 
 from __future__ import annotations
 
+import pytest
 from flashserve.api.v1alpha1 import DEFAULT_SERVED_NAME
 from flashserve.controller.drain import DRAIN_SETTLE_S, parse_networks
 from flashserve.controller.observe import Observed, PodView
@@ -82,7 +83,7 @@ class FakeRouters:
         self.calls: list[tuple[str, frozenset, str]] = []
         self.fail = fail
 
-    def sync(self, base: str, desired: set, policy: str) -> Sync:
+    def sync(self, base: str, desired: set, policy: str, budget_s: float | None = None) -> Sync:
         self.calls.append((base, frozenset(desired), policy))
         if base in self.fail:
             from flashserve.controller.router_workers import RouterUnreachable
@@ -227,7 +228,7 @@ def test_a_router_pod_whose_sync_hangs_gets_no_second_one_until_it_ends(events, 
     release = threading.Event()
 
     class Hanging(FakeRouters):
-        def sync(self, base: str, desired: set, policy: str) -> Sync:
+        def sync(self, base: str, desired: set, policy: str, budget_s: float | None = None) -> Sync:
             if base == "http://10.65.0.1:8000":
                 self.calls.append((base, frozenset(desired), policy))
                 release.wait(10)
@@ -289,3 +290,29 @@ def test_a_router_pods_start_is_its_router_containers():
     engine = pod_view({"metadata": {"name": "e", "labels": {"app.kubernetes.io/component": "engine"}},
                        "status": {"phase": "Running", "containerStatuses": statuses}})  # fmt: skip
     assert (router.started_at, engine.started_at) == (parse_iso(at), None)
+
+
+def test_a_sync_starts_no_call_past_its_budget_and_the_next_goes_on_from_what_the_router_lists(monkeypatch):
+    from flashserve.controller import router_workers
+    from flashserve.controller.router_workers import RouterUnreachable, RouterWorkersClient
+
+    now = [0.0]
+    monkeypatch.setattr(router_workers.time, "monotonic", lambda: now[0])
+    listed: dict[str, dict] = {}
+    calls = []
+
+    def call(method: str, url: str, body: dict | None = None) -> object:
+        calls.append(method)
+        now[0] += 1.0  # each call takes a second
+        if method == "POST":
+            listed[body["url"]] = {"url": body["url"], "model_id": body["model_id"], "metadata": body["labels"]}
+        return {"workers": list(listed.values())} if method == "GET" else {"success": True}
+
+    client = RouterWorkersClient()
+    client._call = call
+    desired = {Worker(f"http://10.0.0.{i}:8000", "m") for i in range(1, 9)}
+    with pytest.raises(RouterUnreachable, match="stopped after 4.5s"):
+        client.sync("http://r", desired, "rendezvous_hash", budget_s=4.5)
+    assert calls == ["GET"] + ["POST"] * 4 and len(listed) == 4
+    steps = client.sync("http://r", desired, "rendezvous_hash", budget_s=10)
+    assert len(steps.add) == 4 and len(listed) == 8

@@ -103,13 +103,18 @@ DRAIN_POLL_S = 2.0
 PROBE_THREADS = 16
 PROBE_WAIT_S = 3.0
 # Each router pod's sync is a listing and a few small writes (router_workers.TIMEOUT_S each); a pod slower
-# than this is left to the next reconcile.
+# than this is left to the next reconcile, and the sync itself stops writing once this has passed (2,048
+# workers take 1.3 s from empty: docs/routing.md). The syncs run on a pool of their own, so routers that
+# answer slowly never hold up the drain probes of any serving.
 ROUTER_SYNC_WAIT_S = 10.0
+ROUTER_SYNC_THREADS = 8
 # A router container that started moments ago may not listen yet: its failures are not reported (drains still
 # wait for it) until it has had this long, which covers vllm-router's start on the local cluster (~1.5 s) many
 # times over.
 ROUTER_START_GRACE_S = 30.0
 _probes = concurrent.futures.ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="flashserve-probe")
+_router_syncs = concurrent.futures.ThreadPoolExecutor(max_workers=ROUTER_SYNC_THREADS,
+                                                      thread_name_prefix="flashserve-router-sync")  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -306,15 +311,14 @@ class Controller:
             self._routers_synced[(namespace, name)] = mine.now
             return
         # One sync per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
-        # answers slowly must not take the probe pool (which drains of every serving share) one more thread at
-        # each reconcile.
+        # answers slowly must not take the pool one more thread at each reconcile.
         self._router_syncing = {k: f for k, f in self._router_syncing.items() if not f.done()}
         futures: dict[str, concurrent.futures.Future] = {}
         for pod, base in targets:
             key = (namespace, name, pod)
             if key not in self._router_syncing:
-                futures[pod] = self._router_syncing[key] = _probes.submit(
-                    self.router_workers.sync, base, desired, spec.routing.policy)
+                futures[pod] = self._router_syncing[key] = _router_syncs.submit(
+                    self.router_workers.sync, base, desired, spec.routing.policy, ROUTER_SYNC_WAIT_S)
         done: set = set()
         if futures:
             waiting = [asyncio.wrap_future(f) for f in futures.values()]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -138,16 +139,25 @@ class RouterWorkersClient:
         except ValueError:
             raise RouterUnreachable(f"{method} {url}: not JSON") from None
 
-    def sync(self, base: str, desired: set[Worker], policy: str) -> Sync:
-        """Make the router at `base` hold exactly `desired`; what it did."""
+    def sync(self, base: str, desired: set[Worker], policy: str, budget_s: float | None = None) -> Sync:
+        """Make the router at `base` hold exactly `desired`; what it did. With `budget_s`, no call starts once
+        that many seconds have passed (RouterUnreachable; the next sync goes on from what the router lists)."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+
+        def in_time() -> None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise RouterUnreachable(f"{base}: sync stopped after {budget_s:g}s, to go on at the next reconcile")
+
         steps = sync_steps(listed_workers(self._call("GET", base + router_facts.WORKERS_PATH), policy), desired)
         for url in steps.remove:
+            in_time()
             try:
                 self._call("DELETE", f"{base}{router_facts.WORKERS_PATH}/{urllib.parse.quote(url, safe='')}")
             except RouterUnreachable as exc:
                 if exc.status != 400:  # WORKER_NOT_FOUND: gone already
                     raise
         for w in steps.add:
+            in_time()
             self._call("POST", base + router_facts.WORKERS_PATH,
                        {"url": w.url, "model_id": w.model, "labels": {router_facts.POLICY_LABEL: policy}})  # fmt: skip
         return steps
