@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from e2e.support import OperatorProcess, fresh_namespace, start_runtime, stop_runtime, wait_until
-from e2e.test_serving_path import _finish, _start_load
+from e2e.test_serving_path import _finish, _start_load, _statefulsets
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -192,3 +192,36 @@ def test_an_idle_group_waits_for_a_router_that_does_not_answer_before_it_goes(hr
     print(f"\nan idle group waited {waited:.1f}s for a stopped router; lastDrains: {drain}")
     assert drain["endedBy"] == "Idle" and "routersBehind" not in drain
     assert set(_workers(bases[0])) == _engine_ranks(kubectl, namespace)
+
+
+def test_a_one_group_rollout_under_load_keeps_a_worker_in_every_router_and_fails_no_stream(hrw_stack, kubectl):
+    """The surge group joins the routers in the reconcile that drains group 0 (adds before removes), so the
+    routers never list no worker; group 0 comes back on the new template and the surge group goes."""
+    namespace, url, logs = hrw_stack
+    kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
+    wait_until(lambda: len(_statefulsets(kubectl, namespace)) == 1
+               and int((_dss(kubectl, namespace).get("status") or {}).get("readyReplicas") or 0) == 1, 150,
+               interval=1, what="one ready group")  # fmt: skip
+    (before,) = _statefulsets(kubectl, namespace).items()
+    bases = _router_bases(kubectl, namespace)
+    report = logs / "rollout.json"
+    load = _start_load(url, report, 60, model="deepseek-flash")
+    listed: list[int] = []  # the fewest workers any router pod listed at each poll
+    try:
+        time.sleep(6)
+        patch = {"spec": {"engine": {"env": [{"name": "FLASHSERVE_E2E_ROLLOUT", "value": "1"}]}}}
+        kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", json.dumps(patch))
+
+        def rolled() -> bool:
+            listed.append(min(len(_workers(b)) for b in bases))
+            sts = _statefulsets(kubectl, namespace)
+            return len(sts) == 1 and before not in sts.items() and listed[-1] == 4
+
+        wait_until(rolled, 150, interval=0.3, what="group 0 on the new template, the surge group gone")
+    finally:
+        summary = _finish(load, report)
+    print(f"\none-group rollout under load (rendezvous_hash): {summary['ok']} streams ok; fewest workers a router "
+          f"listed: {min(listed)}")
+    assert summary["ok"] > 10
+    assert min(listed) >= 4, "a router was left with no worker"
+    assert set(_workers(url)) == _engine_ranks(kubectl, namespace)

@@ -316,3 +316,22 @@ def test_a_sync_starts_no_call_past_its_budget_and_the_next_goes_on_from_what_th
     assert calls == ["GET"] + ["POST"] * 4 and len(listed) == 4
     steps = client.sync("http://r", desired, "rendezvous_hash", budget_s=10)
     assert len(steps.add) == 4 and len(listed) == 8
+
+
+def test_a_sync_adds_before_it_removes_except_a_worker_it_registers_again(monkeypatch):
+    from flashserve.controller.router_workers import RouterWorkersClient
+
+    listed = {"http://old:8000": {"url": "http://old:8000", "model_id": "m", "metadata": {"policy": "rendezvous_hash"}},
+              "http://relabel:8000": {"url": "http://relabel:8000", "model_id": "other",
+                                      "metadata": {"policy": "rendezvous_hash"}}}  # fmt: skip
+    calls = []
+
+    def call(method: str, url: str, body: dict | None = None) -> object:
+        calls.append((method, body["url"] if body else url.rsplit("/", 1)[-1]))
+        return {"workers": list(listed.values())} if method == "GET" else {"success": True}
+
+    client = RouterWorkersClient()
+    client._call = call
+    client.sync("http://r", {Worker("http://new:8000", "m"), Worker("http://relabel:8000", "m")}, "rendezvous_hash")
+    assert calls == [("GET", "workers"), ("POST", "http://new:8000"), ("DELETE", "http%3A%2F%2Fold%3A8000"),
+                     ("DELETE", "http%3A%2F%2Frelabel%3A8000"), ("POST", "http://relabel:8000")]  # fmt: skip

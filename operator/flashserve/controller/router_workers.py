@@ -139,6 +139,10 @@ class RouterWorkersClient:
         except ValueError:
             raise RouterUnreachable(f"{method} {url}: not JSON") from None
 
+    def _post(self, base: str, w: Worker, policy: str) -> None:
+        self._call("POST", base + router_facts.WORKERS_PATH,
+                   {"url": w.url, "model_id": w.model, "labels": {router_facts.POLICY_LABEL: policy}})  # fmt: skip
+
     def sync(self, base: str, desired: set[Worker], policy: str, budget_s: float | None = None) -> Sync:
         """Make the router at `base` hold exactly `desired`; what it did. With `budget_s`, no call starts once
         that many seconds have passed (RouterUnreachable; the next sync goes on from what the router lists)."""
@@ -149,6 +153,13 @@ class RouterWorkersClient:
                 raise RouterUnreachable(f"{base}: sync stopped after {budget_s:g}s, to go on at the next reconcile")
 
         steps = sync_steps(listed_workers(self._call("GET", base + router_facts.WORKERS_PATH), policy), desired)
+        # New workers first, so that a router whose only workers are replaced (a one-group rollout) never lists
+        # none; a URL listed with another model or label is removed before it is added again (a second POST of
+        # a listed URL changes nothing).
+        relisted = {w for w in steps.add if w.url in set(steps.remove)}
+        for w in (w for w in steps.add if w not in relisted):
+            in_time()
+            self._post(base, w, policy)
         for url in steps.remove:
             in_time()
             try:
@@ -156,8 +167,7 @@ class RouterWorkersClient:
             except RouterUnreachable as exc:
                 if exc.status != 400:  # WORKER_NOT_FOUND: gone already
                     raise
-        for w in steps.add:
+        for w in sorted(relisted, key=lambda w: w.url):
             in_time()
-            self._call("POST", base + router_facts.WORKERS_PATH,
-                       {"url": w.url, "model_id": w.model, "labels": {router_facts.POLICY_LABEL: policy}})  # fmt: skip
+            self._post(base, w, policy)
         return steps
