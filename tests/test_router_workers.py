@@ -174,14 +174,22 @@ def test_a_scale_down_takes_the_groups_ranks_out_of_the_routers_in_the_reconcile
     assert hosts == {kube.pod_ip(groups[0], 0)}, "group 1 left the routers with its drain label"
 
 
-def test_a_drain_ends_idle_only_after_every_router_pod_confirmed_that_the_group_left(events, clock):
+def _settled(clock, spec: dict, started_at: float | None = None) -> tuple:
+    """A serving whose routers the operator keeps, reconciled once with every router answering, past the
+    recent-write window: (kube, controller, status)."""
     kube = FakeKube()
     kube.router_pods = True
+    kube.router_started_at = started_at
     c = controller(kube)
     c.router_workers = FakeRouters()
-    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 60}}
     status = reconcile(c, kube, body("flash", spec))
     clock.advance(RECENT_WRITE_S + 1)
+    return kube, c, status
+
+
+def test_a_drain_ends_idle_only_after_every_router_pod_confirmed_that_the_group_left(events, clock):
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 60}}
+    kube, c, status = _settled(clock, spec)
     groups = sorted(kube.names("StatefulSet"))
     down = {**spec, "replicas": 1}
     c.router_workers = FakeRouters(fail={"http://10.65.0.2:8000"})
@@ -201,13 +209,8 @@ def test_a_drain_ends_idle_only_after_every_router_pod_confirmed_that_the_group_
 
 
 def test_a_drain_whose_routers_never_confirm_goes_at_drain_seconds_and_status_says_why(events, clock):
-    kube = FakeKube()
-    kube.router_pods = True
-    c = controller(kube)
-    c.router_workers = FakeRouters()
     spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 30}}
-    status = reconcile(c, kube, body("flash", spec))
-    clock.advance(RECENT_WRITE_S + 1)
+    kube, c, status = _settled(clock, spec)
     c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
     down = {**spec, "replicas": 1}
     status = reconcile(c, kube, body("flash", down, status=status))
@@ -261,14 +264,9 @@ def test_a_router_pod_whose_sync_hangs_gets_no_second_one_until_it_ends(events, 
 def test_a_router_that_just_started_is_not_reported_until_it_had_time_to_listen(events, clock):
     from flashserve.controller.reconciler import ROUTER_START_GRACE_S
 
-    kube = FakeKube()
-    kube.router_pods = True
-    kube.router_started_at = clock.time()
-    c = controller(kube)
-    c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
     spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 60}}
-    status = reconcile(c, kube, body("flash", spec))
-    clock.advance(RECENT_WRITE_S + 1)
+    kube, c, status = _settled(clock, spec, started_at=clock.time())
+    c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
     status = reconcile(c, kube, body("flash", {**spec, "replicas": 1}, status=status))
     clock.advance(DRAIN_SETTLE_S + 1)
     status = reconcile(c, kube, body("flash", {**spec, "replicas": 1}, status=status))
