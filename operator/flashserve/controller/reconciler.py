@@ -214,6 +214,8 @@ class Controller:
         self.startups.forget(namespace, name)
         self.drains.pop((namespace, name), None)
         self._routers_synced.pop((namespace, name), None)
+        self._router_unsynced = {k for k in self._router_unsynced if k[:2] != (namespace, name)}
+        self._router_warned &= self._router_unsynced
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -344,8 +346,8 @@ class Controller:
                              [w.url for w in steps.add], list(steps.remove))  # fmt: skip
                 continue
             self._router_unsynced.add(key)
-            pod_view = next(r for r in mine.router_pods if r.name == pod)
-            starting = pod_view.started_at is not None and mine.now - pod_view.started_at < ROUTER_START_GRACE_S
+            started = next(r for r in mine.router_pods if r.name == pod).started_at
+            starting = started is not None and mine.now - started < ROUTER_START_GRACE_S
             if key not in self._router_warned and not starting:
                 self._router_warned.add(key)
                 message = (f"cannot keep the workers of router pod {pod}: {error}; drains of this serving wait "

@@ -156,7 +156,8 @@ class RouterWorkersClient:
         # New workers first, so that a router whose only workers are replaced (a one-group rollout) never lists
         # none; a URL listed with another model or label is removed before it is added again (a second POST of
         # a listed URL changes nothing).
-        relisted = {w for w in steps.add if w.url in set(steps.remove)}
+        removed = set(steps.remove)
+        relisted = {w for w in steps.add if w.url in removed}
         for w in (w for w in steps.add if w not in relisted):
             in_time()
             self._post(base, w, policy)
