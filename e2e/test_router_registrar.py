@@ -154,10 +154,11 @@ def test_scale_down_takes_the_drained_ranks_out_first_and_cuts_no_stream(hrw_sta
 
 def _router_process(pod: dict) -> int:
     """The pid of the router pod's vllm-router process: the mock runtime's container ID carries it."""
+    from flashserve_testbed.runtime.engine import CONTAINER_ID_SCHEME
+
     (cs,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "router"]
-    scheme, _, pid = cs["containerID"].partition("://")
-    assert scheme == "flashserve-mock", cs["containerID"]
-    return int(pid)
+    assert cs["containerID"].startswith(CONTAINER_ID_SCHEME), cs["containerID"]
+    return int(cs["containerID"].removeprefix(CONTAINER_ID_SCHEME))
 
 
 def test_an_idle_group_waits_for_a_router_that_does_not_answer_before_it_goes(hrw_stack, kubectl):

@@ -223,8 +223,8 @@ def pod_view(body: dict) -> PodView:
     unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
     restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
     own = ROUTER_CONTAINER if labels.get(COMPONENT_LABEL) == "router" else ENGINE_CONTAINER
-    engine = next((c for c in status.get("containerStatuses") or [] if c.get("name") == own), {})
-    started = ((engine.get("state") or {}).get("running") or {}).get("startedAt")
+    container = next((c for c in status.get("containerStatuses") or [] if c.get("name") == own), {})
+    started = ((container.get("state") or {}).get("running") or {}).get("startedAt")
     try:
         group = int(labels.get(GROUP_LABEL, "-1"))
     except ValueError:

@@ -309,9 +309,6 @@ class Controller:
         current = {(namespace, name, pod) for pod, _ in targets}
         self._router_unsynced -= {k for k in self._router_unsynced if k[:2] == (namespace, name) and k not in current}
         self._router_warned &= self._router_unsynced
-        if not targets:  # a router pod the operator cannot reach was never given a worker: it routes nothing
-            self._routers_synced[(namespace, name)] = mine.now
-            return
         # One sync per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
         # answers slowly must not take the pool one more thread at each reconcile.
         self._router_syncing = {k: f for k, f in self._router_syncing.items() if not f.done()}
@@ -354,6 +351,7 @@ class Controller:
                            f"for it, at most rollout.drainSeconds ({spec.rollout.drain_seconds} s)")
                 log.warning("%s/%s: %s", namespace, name, message)
                 kopf.event(body, type="Warning", reason="RouterWorkersUnsynced", message=message)
+        # With no router pod to ask, none routes: one the operator cannot reach was never given a worker.
         if not any(k[:2] == (namespace, name) for k in self._router_unsynced):
             self._routers_synced[(namespace, name)] = mine.now
 

@@ -26,7 +26,7 @@ from flashserve.controller.router_workers import RouterWorkersClient, Worker
 from flashserve.facts import router as router_facts
 
 from flashserve_testbed.localcluster.procs import end
-from flashserve_testbed.router.vllm_router import HOST, binary, free_port
+from flashserve_testbed.router.vllm_router import HOST, binary, direct_env, free_port, wait_serving
 
 RANKS = 4  # a GB200 node's data-parallel ranks: one worker each
 
@@ -38,21 +38,16 @@ def start_igw(log: Path, *args: str, log_level: str = "info", executable: Path |
     port = free_port()
     cmd = [str(executable or binary()), "--host", HOST, "--port", str(port), "--prometheus-host", HOST,
            "--prometheus-port", str(free_port()), "--policy", "consistent_hash", "--enable-igw", *args]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env = {**direct_env(os.environ), "NO_COLOR": "1", router_facts.LOG_ENV: log_level}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**env, "NO_COLOR": "1", router_facts.LOG_ENV: log_level})  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     base = f"http://{HOST}:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=2).read()
-            return proc, base
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                end(proc)
-                raise RuntimeError(f"vllm-router did not start:\n{log.read_text()[-2000:]}") from None
-            time.sleep(0.2)
+    try:
+        wait_serving(base, proc, 60, log.read_text, path="/health")
+    except BaseException:
+        end(proc)
+        raise
+    return proc, base
 
 
 def workers(n: int) -> set[Worker]:

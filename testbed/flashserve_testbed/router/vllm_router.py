@@ -16,7 +16,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -186,15 +186,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def direct_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without proxy settings: the router's traffic to its workers stays direct."""
+    return {k: v for k, v in env.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+
+
 def wait_serving(base: str, proc: subprocess.Popen | None, timeout: float,
-                 log_text: Callable[[], str] = lambda: "") -> None:
-    """Until the router at `base` answers /v1/models (it does once its workers passed their health check)."""
+                 log_text: Callable[[], str] = lambda: "", path: str = "/v1/models") -> None:
+    """Until the router at `base` answers `path` (/v1/models: once its workers passed their health check;
+    /health: once it listens, as an IGW router with no worker does)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"vllm-router exited {proc.returncode}:\n{log_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(base + "/v1/models", timeout=5) as r:
+            with urllib.request.urlopen(base + path, timeout=5) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, OSError):
@@ -221,8 +227,7 @@ class VllmRouter:
 
     def start(self, timeout: float = 60.0) -> VllmRouter:
         self._log = open(self.log_path, "ab")
-        env = {k: v for k, v in (os.environ if self._env is None else self._env).items()
-               if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}  # worker traffic stays direct
+        env = direct_env(os.environ if self._env is None else self._env)
         env["NO_COLOR"] = "1"
         env[router_facts.LOG_ENV] = self.opts.log_level
         cpus = self.cpus
