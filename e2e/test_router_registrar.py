@@ -1,8 +1,9 @@
 """`routing.policy: rendezvous_hash` on the local cluster: the real vllm-router in IGW mode (no pod discovery),
 its workers kept by the operator (controller/router_workers.py). The router pods get every rank of the ready
 engines, a session stays on one rank, a worker a client posts is taken out again, and a scale-down under load
-takes the drained group's ranks out of the routers before its pods go, cutting no stream; an idle group waits
-for a router pod that does not answer (its process stopped) before it goes.
+takes the drained group's ranks out of the routers before its pods go, cutting no stream. An idle group waits
+for a router pod that does not answer (its process stopped) before it goes, under `rendezvous_hash` and under
+the default `consistent_hash`, whose routers discover the pods and are only read by the operator.
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ def _call(method: str, url: str, body: dict | None = None) -> dict:
         return json.loads(resp.read())
 
 
-def _dss(kubectl, namespace: str) -> dict:
-    return json.loads(kubectl("get", "dss", SERVING, "-n", namespace, "-o", "json").stdout)
+def _dss(kubectl, namespace: str, serving: str = SERVING) -> dict:
+    return json.loads(kubectl("get", "dss", serving, "-n", namespace, "-o", "json").stdout)
 
 
-def _pods(kubectl, namespace: str, component: str) -> list[dict]:
-    selector = f"flashserve.io/serving={SERVING},app.kubernetes.io/component={component}"
+def _pods(kubectl, namespace: str, component: str, serving: str = SERVING) -> list[dict]:
+    selector = f"flashserve.io/serving={serving},app.kubernetes.io/component={component}"
     pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)["items"]
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-def _router_bases(kubectl, namespace: str) -> list[str]:
-    return sorted(f"http://{p['status']['podIP']}:8000" for p in _pods(kubectl, namespace, "router")
+def _router_bases(kubectl, namespace: str, serving: str = SERVING) -> list[str]:
+    return sorted(f"http://{p['status']['podIP']}:8000" for p in _pods(kubectl, namespace, "router", serving)
                   if p["status"].get("podIP"))  # fmt: skip
 
 
@@ -51,8 +52,8 @@ def _workers(base: str) -> dict[str, dict]:
     return {w["url"]: w for w in _call("GET", base + "/workers")["workers"]}
 
 
-def _engine_ranks(kubectl, namespace: str) -> set[str]:
-    return {f"http://{p['status']['podIP']}:8000@{r}" for p in _pods(kubectl, namespace, "engine")
+def _engine_ranks(kubectl, namespace: str, serving: str = SERVING) -> set[str]:
+    return {f"http://{p['status']['podIP']}:8000@{r}" for p in _pods(kubectl, namespace, "engine", serving)
             if p["metadata"]["labels"].get("flashserve.io/routing") == "serve" for r in range(4)}  # fmt: skip
 
 
@@ -161,38 +162,76 @@ def _router_process(pod: dict) -> int:
     return int(cs["containerID"].removeprefix(CONTAINER_ID_SCHEME))
 
 
-def test_an_idle_group_waits_for_a_router_that_does_not_answer_before_it_goes(hrw_stack, kubectl):
+def _router_age(kubectl, namespace: str, serving: str) -> float:
+    """Seconds the youngest router container of the serving has run."""
+    from flashserve.clock import parse_iso
+
+    started = [parse_iso(c["state"]["running"]["startedAt"]) for p in _pods(kubectl, namespace, "router", serving)
+               for c in p["status"].get("containerStatuses") or [] if c["name"] == "router" and "running" in c["state"]]
+    return time.time() - min(started) if started else 0.0  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["rendezvous_hash", "consistent_hash"])
+def test_an_idle_group_waits_for_a_router_that_does_not_answer_before_it_goes(hrw_stack, kubectl, policy):
+    """Under rendezvous_hash the operator's DELETE cannot reach the stopped router pod; under consistent_hash
+    (pod discovery) its watch stands still and the operator cannot read that it dropped the group. Either way
+    the idle group stays until the router pod answers."""
     namespace, _, _ = hrw_stack
-    kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 2}}')
-    wait_until(lambda: int((_dss(kubectl, namespace).get("status") or {}).get("readyReplicas") or 0) == 2, 120,
-               interval=1, what="2 ready groups again")  # fmt: skip
-    bases = _router_bases(kubectl, namespace)
+    serving = SERVING if policy == "rendezvous_hash" else "disc"
+    if serving == SERVING:
+        kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 2}}')
+    else:
+        cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+              "metadata": {"name": serving, "namespace": namespace},
+              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "rollout": {"drainSeconds": 120},
+                       "routing": {"policy": policy}}}  # fmt: skip
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+    try:
+        _idle_group_waits_for_a_stopped_router(kubectl, namespace, serving)
+    finally:
+        if serving != SERVING:
+            kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
+            wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
+                       what=f"{serving}'s engines gone")  # fmt: skip
+
+
+def _idle_group_waits_for_a_stopped_router(kubectl, namespace: str, serving: str) -> None:
+    wait_until(lambda: int((_dss(kubectl, namespace, serving).get("status") or {}).get("readyReplicas") or 0) == 2,
+               120, interval=1, what="2 ready groups")  # fmt: skip
+    bases = _router_bases(kubectl, namespace, serving)
+    assert len(bases) == 2
     for base in bases:
         wait_until(lambda: len(_workers(base)) == 8, 30, interval=0.5, what=f"{base} lists both groups")
-    (pod,) = [p for p in _pods(kubectl, namespace, "router") if f"http://{p['status']['podIP']}:8000" == bases[0]]
+    # Past the start-up grace, so that the router pod's silence is reported.
+    time.sleep(max(0.0, 31 - _router_age(kubectl, namespace, serving)))
+    (pod,) = [p for p in _pods(kubectl, namespace, "router", serving)
+              if f"http://{p['status']['podIP']}:8000" == bases[0]]  # fmt: skip
     stopped = _router_process(pod)
     os.kill(stopped, signal.SIGSTOP)  # the router pod neither answers nor routes: a router the operator cannot reach
     try:
-        kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
+        kubectl("patch", "dss", serving, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
         t0 = time.monotonic()
-        wait_until(lambda: (_dss(kubectl, namespace).get("status") or {}).get("drainingGroups"), 30, interval=0.5,
-                   what="group 1 draining")  # fmt: skip
-        assert len(_workers(bases[1])) == 4, "the router that answers dropped group 1 at once"
+        wait_until(lambda: (_dss(kubectl, namespace, serving).get("status") or {}).get("drainingGroups"), 30,
+                   interval=0.5, what="group 1 draining")  # fmt: skip
+        wait_until(lambda: len(_workers(bases[1])) == 4, 10, interval=0.2,
+                   what="the router pod that runs dropped group 1")  # fmt: skip
         # Idle engines, well past the 5 s settle time and several 2-s polls: the group stays for the router.
         time.sleep(15)
-        assert len(_pods(kubectl, namespace, "engine")) == 2, "an idle group went while a router still listed it"
+        assert len(_pods(kubectl, namespace, "engine", serving)) == 2, "an idle group went while a router listed it"
         events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
                                     "reason=RouterWorkersUnsynced", "-o", "json").stdout)["items"]  # fmt: skip
-        assert any("drains of this serving wait for it" in e["message"] for e in events), events
+        mine = [e["message"] for e in events if e["involvedObject"]["name"] == serving]
+        assert any(f"router pod {pod['metadata']['name']}" in m and "drains of this serving wait for it" in m
+                   for m in mine), mine  # fmt: skip
     finally:
         os.kill(stopped, signal.SIGCONT)
-    wait_until(lambda: len(_pods(kubectl, namespace, "engine")) == 1, 60, interval=0.5,
+    wait_until(lambda: len(_pods(kubectl, namespace, "engine", serving)) == 1, 60, interval=0.5,
                what="group 1 deleted once the router answered")  # fmt: skip
     waited = time.monotonic() - t0
-    (drain,) = _dss(kubectl, namespace)["status"]["lastDrains"]
-    print(f"\nan idle group waited {waited:.1f}s for a stopped router; lastDrains: {drain}")
+    (drain,) = _dss(kubectl, namespace, serving)["status"]["lastDrains"]
+    print(f"\n{serving}: an idle group waited {waited:.1f}s for a stopped router; lastDrains: {drain}")
     assert drain["endedBy"] == "Idle" and "routersBehind" not in drain
-    assert set(_workers(bases[0])) == _engine_ranks(kubectl, namespace)
+    assert set(_workers(bases[0])) == _engine_ranks(kubectl, namespace, serving)
 
 
 def test_a_one_group_rollout_under_load_keeps_a_worker_in_every_router_and_fails_no_stream(hrw_stack, kubectl):

@@ -96,8 +96,9 @@ def test_the_ports_are_the_rendered_ones():
 
 
 def test_router_policy_matrix():
-    """The router takes the API from the namespace and allowedNamespaces, /metrics from monitoringNamespaces;
-    nothing reaches the engines' ports on it, and nothing else reaches it."""
+    """The router takes the API from the namespace, allowedNamespaces and the operator (which lists its workers
+    to confirm drains), /metrics from monitoringNamespaces; nothing reaches the engines' ports on it, and
+    nothing else reaches it."""
     flash = _serving(allowedNamespaces=["gateway"])
     policies = _policies(flash, _serving("other"))
     dst = _router_pod(flash)
@@ -116,7 +117,7 @@ def test_router_policy_matrix():
         "plain pod, same namespace":                 (True, False),
         "gateway (allowedNamespaces)":               (True, False),
         "prometheus (monitoringNamespaces)":         (False, True),
-        "the operator's namespace":                  (False, False),
+        "the operator's namespace":                  (True, False),
         "random namespace with the router's labels": (False, False),
     }  # fmt: skip
 
@@ -287,9 +288,9 @@ def test_operator_reaches_engines_only_to_read_a_draining_group():
     Prometheus; the one connection it makes to an engine is the drain's (GET /metrics of a draining group,
     docs/drain.md), so the engine policy must let the operator's namespace reach the API port. Guard that this
     stays the only one: only reconciler.py names the engine port (for its probe, and for the engine URLs it
-    registers with a router, which it sends and never opens), only engine_metrics.py and router_workers.py
-    (to the router pods' port, under rendezvous_hash) open HTTP connections, and nothing names the
-    data-parallel RPC port."""
+    registers with a router or looks for in a router's list, which it sends or compares and never opens), only
+    engine_metrics.py and router_workers.py (to the router pods' port) open HTTP connections, and nothing
+    names the data-parallel RPC port."""
     from pathlib import Path
 
     import flashserve.controller as controller
@@ -302,8 +303,8 @@ def test_operator_reaches_engines_only_to_read_a_draining_group():
         if path.name not in ("engine_metrics.py", "router_workers.py"):
             assert "urllib.request" not in text and "http.client" not in text, f"{path.name} opens connections"
     probe = (Path(controller.__file__).parent / "reconciler.py").read_text()
-    assert probe.count("engine.port") == 2 and "self._probe(mine, spec.engine.port)" in probe
-    assert "desired_workers(mine, spec.engine.port," in probe
+    assert probe.count("engine.port") == 3 and "self._probe(mine, spec.engine.port)" in probe
+    assert "desired_workers(mine, spec.engine.port," in probe and "out_of_routing(mine, spec.engine.port," in probe
     registrar = (Path(controller.__file__).parent / "router_workers.py").read_text()
     assert registrar.count("self._opener.open(") == 1 and "router_targets(" not in probe.replace(
         "router_targets(mine, spec.routing.port, self.engine_networks)", ""), "routers are asked on routing.port only"

@@ -27,7 +27,9 @@ def out_of_routing(observed: Observed, groups, since: float = T0, in_flight: int
 
 
 def at(observed: Observed, now: float) -> Observed:
-    observed.now = now
+    """`observed` at `now`, every router pod having confirmed its workers then (as when all answer the reconcile:
+    the drain's wait for a router that does not is pinned by its own test)."""
+    observed.now = observed.routers_synced_at = now
     return observed
 
 
@@ -115,15 +117,28 @@ def test_where_the_operator_keeps_the_routers_workers_an_idle_group_waits_for_ev
     assert [(d.group, d.ended_by) for d in plan(small, observed).drained] == [(1, "Idle")]
 
     # A router that never confirms holds the group until drainSeconds, and the ended drain says so.
-    observed.routers_synced_at = None
-    (d,) = plan(small, at(observed, T0 + 60)).drained
+    at(observed, T0 + 60).routers_synced_at = None
+    (d,) = plan(small, observed).drained
     assert (d.ended_by, d.ended()["routersBehind"]) == ("Timeout", True)
 
-    # Routers that discover the pods themselves see the label: the settle time is all a drain waits for them.
-    plain = serving({"replicas": 1, "rollout": {"drainSeconds": 60}})
-    observed = out_of_routing(at(observe(serving({"replicas": 2})), T0 + DRAIN_SETTLE_S), {1})
-    assert observed.routers_synced_at is None
-    (d,) = plan(plain, observed).drained
+
+def test_under_a_discovery_policy_an_idle_group_waits_for_every_router_to_confirm_it_left():
+    """The routers' pod watch drops the group; the drain goes once every router pod has confirmed it did."""
+    big, small = serving({"replicas": 2}), serving({"replicas": 1})
+    observed = out_of_routing(at(observe(big), T0 + DRAIN_SETTLE_S), {1})
+    for synced in (None, T0 + 0.5):
+        observed.routers_synced_at = synced
+        p = plan(small, observed)
+        assert not p.delete and [(d.group, d.routers_behind) for d in p.draining] == [(1, True)]
+    observed.routers_synced_at = T0 + 1
+    (d,) = plan(small, observed).drained
+    assert d.ended_by == "Idle" and "routersBehind" not in d.ended()
+
+    # A plain Service has no router to wait for: the settle time is all a drain waits.
+    off = {"routing": {"enabled": False}}
+    observed = out_of_routing(at(observe(serving({"replicas": 2, **off})), T0 + DRAIN_SETTLE_S), {1})
+    observed.routers_synced_at = None
+    (d,) = plan(serving({"replicas": 1, **off}), observed).drained
     assert d.ended_by == "Idle" and "routersBehind" not in d.ended()
 
 

@@ -90,7 +90,8 @@ def test_vllm_router_reads_the_rendered_command_line_as_meant(policy):
 
 def test_a_policy_taken_through_the_worker_api_renders_an_igw_router_without_discovery():
     """rendezvous_hash: --policy refuses it (tests/router/test_vllm_router.py), so the router runs in IGW mode,
-    discovers nothing, and the operator registers the engines; its policy admits the operator on its port."""
+    discovers nothing, and the operator registers the engines. Its policy admits the operator on its port, as
+    under every policy (the operator lists the workers of discovering routers to confirm drains)."""
     launcher = pytest.importorskip("vllm_router.launch_router", reason="installed with `make install`")
     objs = _render({"routing": {"policy": "rendezvous_hash", "port": 8200, "metricsPort": 29100}})
     args = launcher.parse_router_args(_container(objs)["args"])
@@ -105,7 +106,7 @@ def test_a_policy_taken_through_the_worker_api_renders_an_igw_router_without_dis
     for other in router_facts.POLICIES:
         (p,) = [p for p in by_kind(_render({"routing": {"policy": other}}), "NetworkPolicy")
                 if p["metadata"]["name"] == router_name("flash")]  # fmt: skip
-        assert operator not in [peer for rule in p["spec"]["ingress"] for peer in rule["from"]], other
+        assert {"from": [operator], "ports": [{"port": 8000, "protocol": "TCP"}]} in p["spec"]["ingress"], other
 
 
 def test_the_api_defaults_are_the_routers_own():

@@ -1,5 +1,6 @@
 """The router's workers where the operator keeps them (`routing.policy: rendezvous_hash`): which engines and
-ranks it registers, what it removes, which router pods it asks, and the reconcile that does it.
+ranks it registers, what it removes, which router pods it asks, and the reconcile that does it; under the
+discovery policies, the reads that confirm a drained group has left the routers.
 tests/router/test_vllm_router.py runs the same client against the real vllm-router."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from flashserve.controller.router_workers import (
     Worker,
     desired_workers,
     listed_workers,
+    out_of_routing,
     router_targets,
+    still_routed,
     sync_steps,
 )
 from flashserve.render.naming import router_name
@@ -79,9 +82,19 @@ def test_what_the_router_lists_is_made_what_is_desired():
 
 
 class FakeRouters:
-    def __init__(self, fail: set[str] = frozenset()):
+    def __init__(self, fail: set[str] = frozenset(), listing: dict[str, list[str]] | None = None):
         self.calls: list[tuple[str, frozenset, str]] = []
         self.fail = fail
+        self.listing = listing or {}  # base -> the worker URLs a discovering router pod lists
+        self.reads: list[str] = []
+
+    def workers(self, base: str) -> list[str]:
+        self.reads.append(base)
+        if base in self.fail:
+            from flashserve.controller.router_workers import RouterUnreachable
+
+            raise RouterUnreachable(f"GET {base}/workers: connection refused")
+        return list(self.listing.get(base, []))
 
     def sync(self, base: str, desired: set, policy: str, budget_s: float | None = None) -> Sync:
         self.calls.append((base, frozenset(desired), policy))
@@ -128,13 +141,60 @@ def test_a_router_pod_that_does_not_answer_is_reported_once_per_streak(events, c
     assert len([e for e in events if e["reason"] == "RouterWorkersUnsynced"]) == 2, "a new streak is reported"
 
 
-def test_other_policies_leave_the_routers_workers_to_their_discovery(events, clock):
+def test_under_a_discovery_policy_the_routers_are_only_read_and_only_while_a_pod_is_out_of_routing(events, clock):
     kube = FakeKube()
     kube.router_pods = True
     c = controller(kube)
     c.router_workers = routers = FakeRouters()
-    reconcile(c, kube, body("flash", {"replicas": 1}))
-    assert routers.calls == []
+    status = reconcile(c, kube, body("flash", {"replicas": 2}))
+    status = reconcile(c, kube, body("flash", {"replicas": 2}, status=status))
+    assert routers.reads == [], "steady state: nothing to confirm, no call"
+    clock.advance(RECENT_WRITE_S + 1)
+    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert routers.reads == [], "the label is written in this reconcile: later than any confirmation now"
+    clock.advance(1)
+    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
+    assert sorted(routers.reads) == ["http://10.65.0.1:8000", "http://10.65.0.2:8000"]
+    assert routers.calls == [], "the routers' pod watch owns their workers: the operator only reads them"
+
+
+def test_under_a_discovery_policy_a_router_that_still_lists_a_drained_rank_holds_the_drain(events, clock):
+    spec = {"replicas": 2, "rollout": {"drainSeconds": 60}}
+    kube, c, status = _settled(clock, spec)
+    groups = sorted(kube.names("StatefulSet"))
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))  # group 1 out of routing now
+    stalled = f"http://{kube.pod_ip(groups[1], 0)}:8000@2"
+    c.router_workers = FakeRouters(listing={"http://10.65.0.2:8000": [stalled, "http://10.9.9.9:8000@0"]})
+    clock.advance(1)
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert not [e for e in events if e["reason"] == "RouterWorkersUnsynced"], "inside the settle time: not reported"
+    for _ in range(3):  # idle engines, past the settle time, but one router pod still routes to the group
+        clock.advance(DRAIN_SETTLE_S)
+        status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, groups[1]) in kube.objects
+    (warned,) = [e for e in events if e["reason"] == "RouterWorkersUnsynced"]
+    assert "cannot confirm the workers of router pod" in warned["message"]
+    assert "still routes to 1 worker(s) of pods out of routing" in warned["message"]
+    c.router_workers = FakeRouters()  # its watch caught up: confirmed before the plan, which ends the drain
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, groups[1]) not in kube.objects
+    assert [(d["endedBy"], "routersBehind" in d) for d in status["lastDrains"]] == [("Idle", False)]
+
+
+def test_what_a_discovering_router_still_routes_to_is_what_it_lists_of_pods_out_of_routing():
+    observed = Observed(pods=[
+        _pod("g0-0", "10.0.0.1"),
+        _pod("g1-0", "10.0.0.2", routing="drain", drain_since="2026-12-06T10:00:00Z"),
+        _pod("g2-0", "10.0.0.3", routing="drain"),  # no since yet: the drain labels it again
+        _pod("g3-0", "10.0.0.4", routing="drain", drain_since="2026-12-06T10:00:05Z", host_network=True),
+    ])  # fmt: skip
+    out = out_of_routing(observed, 8000)
+    assert list(out) == ["http://10.0.0.2:8000"]
+    listed = ["http://10.0.0.1:8000@0", "http://10.0.0.2:8000@3", "http://10.0.0.2:8000", "http://10.0.0.2:80001"]
+    assert still_routed(listed, out) == {"http://10.0.0.2:8000@3": out["http://10.0.0.2:8000"],
+                                         "http://10.0.0.2:8000": out["http://10.0.0.2:8000"]}  # fmt: skip
+    assert out_of_routing(observed, 8000, parse_networks("10.1.0.0/16")) == {}
 
 
 def test_switching_to_rendezvous_hash_drops_the_routers_pod_reading_role_and_back_restores_it(events, clock):

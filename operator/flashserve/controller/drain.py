@@ -6,9 +6,8 @@ the plain Service's drop) and the annotation saying since when. An operator that
 the watch and carries on; nothing is kept in memory.
 
 A drain ends when every engine of the group reports no running and no waiting request (`Idle`), once the
-router has had time to see the label (and, where the operator keeps the router's workers, once every router pod
-has confirmed the group left it), or when spec.rollout.drainSeconds has passed since the first pod was taken
-out (`Timeout`), whichever comes first.
+router has had time to see the label and every router pod has confirmed that the group left it, or when
+spec.rollout.drainSeconds has passed since the first pod was taken out (`Timeout`), whichever comes first.
 """
 
 from __future__ import annotations
@@ -21,11 +20,11 @@ from flashserve.clock import iso_at, parse_iso
 from flashserve.controller.observe import Observed, PodView, statefulset_of
 from flashserve.render.naming import ROUTING_DRAIN
 
-# The router drops a pod when its pod watch shows the new label, and kube-proxy when the EndpointSlice does:
-# until then a new request may still be sent to the group, and one sent just before may still be on its way to
-# the engine. An engine that reads idle inside this window can be about to get work, so idle counts only after
-# it. Watch delivery takes well under a second on a healthy API server; 5 s covers a busy one, and costs
-# nothing against drains that wait minutes for long generations.
+# The router drops a pod when its pod watch shows the new label (the drain also asks it whether it did), and
+# kube-proxy when the EndpointSlice does: until then a new request may still be sent to the group, and one sent
+# just before may still be on its way to the engine. An engine that reads idle inside this window can be about
+# to get work, so idle counts only after it. Watch delivery takes well under a second on a healthy API server;
+# 5 s covers a busy one, and costs nothing against drains that wait minutes for long generations.
 DRAIN_SETTLE_S = 5.0
 
 # drain-since is written as Kubernetes writes times: whole seconds (clock.iso_at).
@@ -113,13 +112,14 @@ def drain_step(index: int, reason: str, pods: list[PodView], spec: DeepSeekServi
 
 
 def routers_behind(spec: DeepSeekServingSpec, observed: Observed, last: float) -> bool:
-    """Whether a router may still send the group work although its pods were out of routing by `last`. Where
-    the operator keeps the router's workers (controller/router_workers.py) no watch tells the router of the
-    label: it learns when the operator's DELETE reaches it, and a router pod that did not answer keeps sending
-    new requests to an idle engine. So the drain waits for a reconcile after `last` in which every router pod
-    answered (observed.routers_synced_at; None: none since the operator started). The annotation holds whole
-    seconds, so a reconcile in the same second as `last` may have come before the label: it does not count."""
-    if not spec.routing.registers_workers():
+    """Whether a router may still send the group work although its pods were out of routing by `last`. A
+    router pod that has not dropped the group keeps sending new requests to its idle engines: one whose pod
+    watch has stalled, or, where the operator keeps the router's workers, one its DELETE has not reached. So
+    the drain waits for a reconcile after `last` in which every router pod confirmed that it lists no pod out
+    of routing (controller/router_workers.py; observed.routers_synced_at, None: none since the operator
+    started). The annotation holds whole seconds, so a reconcile in the same second as `last` may have come
+    before the label: it does not count. A plain Service (routing off) has no router to wait for."""
+    if not spec.routing.enabled:
         return False
     return observed.routers_synced_at is None or observed.routers_synced_at < last + ANNOTATION_RESOLUTION_S
 

@@ -22,9 +22,16 @@ from kubernetes.client.rest import ApiException
 from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
 from flashserve.controller.api_server import ApiServerAddresses, read_slice
-from flashserve.controller.router_workers import RouterWorkersClient, desired_workers, router_targets
+from flashserve.controller.router_workers import (
+    RouterWorkersClient,
+    Sync,
+    desired_workers,
+    out_of_routing,
+    router_targets,
+    still_routed,
+)
 from flashserve.api.validation import SpecError, parse_spec
-from flashserve.controller.drain import RENAME, SCALE_DOWN, drain_targets, engine_address
+from flashserve.controller.drain import DRAIN_SETTLE_S, RENAME, SCALE_DOWN, drain_targets, engine_address
 from flashserve.controller.engine_metrics import EngineMetrics
 from flashserve.controller.kube import Kube
 from flashserve.controller.observe import (
@@ -295,29 +302,43 @@ class Controller:
         return out
 
     async def _sync_router_workers(self, body: dict, namespace: str, name: str, spec, mine: Observed,
-                                   p: Plan) -> None:  # fmt: skip
-        """Each router pod's workers made the engines that take traffic (router_workers.py), with the pods this
-        plan takes out of routing or puts back, concurrently off the event loop. A router that does not answer
-        is asked again at the next reconcile; the first failure of a streak is logged and goes out as a
-        Warning event. Once every router pod has answered, drains may count the group as gone from the routers
-        (drain.routers_behind)."""
-        desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],
-                                  self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
-                                  returning=frozenset(pod for pod, _ in p.undrain_pods))  # fmt: skip
-        targets = router_targets(mine, spec.routing.port, self.engine_networks)
-        # Forget the failures of router pods that are gone, so the set holds current pods only.
+                                   p: Plan | None) -> None:  # fmt: skip
+        """Confirm, router pod by router pod and off the event loop, that the routers route to the engines that
+        take traffic only (router_workers.py). Where the operator keeps the workers it makes each pod's list the
+        engines that take traffic, with the pods plan `p` takes out of routing or puts back (so it runs after
+        the plan); under a discovery policy, while any pod is out of routing, it reads each pod's list, before
+        the plan (`p` None), so that a drain may end in the reconcile that confirms it. A router that does not
+        answer (or still lists a pod out of routing past the settle time) is asked again at the next reconcile;
+        the first failure of a streak is logged and goes out as a Warning event. Once every router pod has
+        confirmed, drains may count the group as gone from the routers (drain.routers_behind)."""
+        key0 = (namespace, name)
+        registers = p is not None
+        out: dict[str, float] = {}
+        if p is not None:
+            desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],
+                                      self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
+                                      returning=frozenset(pod for pod, _ in p.undrain_pods))  # fmt: skip
+
+            def job(base: str) -> Sync | list[str]:
+                return self.router_workers.sync(base, desired, spec.routing.policy, ROUTER_SYNC_WAIT_S)
+        else:
+            job = self.router_workers.workers
+            out = out_of_routing(mine, spec.engine.port, self.engine_networks)
+        # With no pod out of routing there is nothing for a discovering router to have dropped (a pod this plan
+        # labels is out from now on, later than this confirmation): no call in the steady state.
+        targets = [] if not registers and not out else router_targets(mine, spec.routing.port, self.engine_networks)
+        # Forget the failures of router pods that are gone (or not asked), so the set holds current pods only.
         current = {(namespace, name, pod) for pod, _ in targets}
-        self._router_unsynced -= {k for k in self._router_unsynced if k[:2] == (namespace, name) and k not in current}
+        self._router_unsynced -= {k for k in self._router_unsynced if k[:2] == key0 and k not in current}
         self._router_warned &= self._router_unsynced
-        # One sync per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
+        # One call per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
         # answers slowly must not take the pool one more thread at each reconcile.
         self._router_syncing = {k: f for k, f in self._router_syncing.items() if not f.done()}
         futures: dict[str, concurrent.futures.Future] = {}
         for pod, base in targets:
             key = (namespace, name, pod)
             if key not in self._router_syncing:
-                futures[pod] = self._router_syncing[key] = _router_syncs.submit(
-                    self.router_workers.sync, base, desired, spec.routing.policy, ROUTER_SYNC_WAIT_S)
+                futures[pod] = self._router_syncing[key] = _router_syncs.submit(job, base)
         done: set = set()
         if futures:
             waiting = [asyncio.wrap_future(f) for f in futures.values()]
@@ -328,32 +349,45 @@ class Controller:
         for pod, _ in targets:
             key = (namespace, name, pod)
             f = futures.get(pod)
+            settling = False  # behind, but not for long enough to report
             if f is None:
-                error = "its previous sync has not finished"
+                error = "its previous call has not finished"
             elif f not in done:
                 error = f"no answer in {ROUTER_SYNC_WAIT_S:g}s"
-            else:
-                error = None if f.exception() is None else str(f.exception())
-            if error is None:
-                self._router_unsynced.discard(key)
-                self._router_warned.discard(key)
+            elif f.exception() is not None:
+                error = str(f.exception())
+            elif registers:
+                error = None
                 steps = f.result()
                 if steps.add or steps.remove:
                     log.info("%s/%s: router pod %s: registered %s, removed %s", namespace, name, pod,
                              [w.url for w in steps.add], list(steps.remove))  # fmt: skip
+            else:
+                stale = still_routed(f.result(), out)
+                error = None
+                if stale:
+                    age = mine.now - min(stale.values())
+                    settling = age < DRAIN_SETTLE_S
+                    error = (f"it still routes to {len(stale)} worker(s) of pods out of routing for {age:.0f}s "
+                             "(its pod watch is behind)")
+            if error is None:
+                self._router_unsynced.discard(key)
+                self._router_warned.discard(key)
                 continue
             self._router_unsynced.add(key)
             started = next(r for r in mine.router_pods if r.name == pod).started_at
             starting = started is not None and mine.now - started < ROUTER_START_GRACE_S
-            if key not in self._router_warned and not starting:
+            if key not in self._router_warned and not starting and not settling:
                 self._router_warned.add(key)
-                message = (f"cannot keep the workers of router pod {pod}: {error}; drains of this serving wait "
+                what = "keep" if registers else "confirm"
+                message = (f"cannot {what} the workers of router pod {pod}: {error}; drains of this serving wait "
                            f"for it, at most rollout.drainSeconds ({spec.rollout.drain_seconds} s)")
                 log.warning("%s/%s: %s", namespace, name, message)
                 kopf.event(body, type="Warning", reason="RouterWorkersUnsynced", message=message)
-        # With no router pod to ask, none routes: one the operator cannot reach was never given a worker.
-        if not any(k[:2] == (namespace, name) for k in self._router_unsynced):
-            self._routers_synced[(namespace, name)] = mine.now
+        # With no router pod to ask, none routes: one the operator cannot reach was never given a worker (under
+        # a discovery policy it is trusted to its pod watch: docs/drain.md, "What a real cluster needs").
+        if not any(k[:2] == key0 for k in self._router_unsynced):
+            self._routers_synced[key0] = mine.now
 
     def _next_refusal_check(self, key: tuple[str, str]) -> float | None:
         """Seconds until a StatefulSet short of pods is due to be looked into (again), if one is."""
@@ -439,6 +473,8 @@ class Controller:
 
         mine.now = time.time()
         mine.in_flight = await self._probe(mine, spec.engine.port)
+        if spec.routing.enabled and not spec.routing.registers_workers():
+            await self._sync_router_workers(body, namespace, name, spec, mine, None)
         mine.routers_synced_at = self._routers_synced.get((namespace, name))
         loop = asyncio.get_running_loop()
         p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace,

@@ -1,5 +1,12 @@
-"""The router's workers, kept by the operator where the policy is one vllm-router takes only through its worker
-API (`routing.policy: rendezvous_hash`, facts/router.py WORKER_LABEL_POLICIES).
+"""The router's workers: kept by the operator where the policy is one vllm-router takes only through its worker
+API (`routing.policy: rendezvous_hash`, facts/router.py WORKER_LABEL_POLICIES), and read back under every other
+policy, whose routers discover the engine pods themselves, to confirm that a drained group has left them.
+
+Under the discovery policies the router's pod watch owns its workers. While a group drains, the operator lists
+each router pod's workers (GET /workers) and a drain counts the group as gone from the routers only once none
+lists a rank of a pod out of routing (still_routed): a router whose watch has stalled would otherwise keep
+sending the idle group requests until its pods go. The operator only reads there; removing a worker itself
+could race the watch re-adding a pod that returns to routing.
 
 Such a router runs in IGW mode without pod discovery. At each reconcile of the serving the operator lists each
 router pod's workers (GET /workers) and makes them the engines that take traffic: every Ready engine pod with
@@ -24,11 +31,12 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from flashserve.clock import parse_iso
 from flashserve.controller.drain import IPNetwork, reachable_host
 from flashserve.controller.engine_metrics import direct_opener
 from flashserve.controller.observe import Observed
 from flashserve.facts import router as router_facts
-from flashserve.render.naming import ROUTING_SERVE
+from flashserve.render.naming import ROUTING_DRAIN, ROUTING_SERVE
 
 # The router answers its worker routes from memory; a router that takes longer is starting or stuck, and the
 # next reconcile (30 s at most) asks again. Short, so one router pod cannot hold its serving's reconcile.
@@ -86,6 +94,25 @@ def router_targets(observed: Observed, port: int, networks: tuple[IPNetwork, ...
     return sorted(out)
 
 
+def out_of_routing(observed: Observed, port: int, networks: tuple[IPNetwork, ...] = ()) -> dict[str, float]:
+    """Base URL (`http://<pod IP>:<port>`) -> since when, of each engine pod a drain has taken out of routing:
+    what a router that discovers the pods must no longer list."""
+    out = {}
+    for p in observed.pods:
+        if p.routing != ROUTING_DRAIN:
+            continue
+        host, since = reachable_host(p, networks), parse_iso(p.drain_since)
+        if host is not None and since is not None:
+            out[f"http://{host}:{port}"] = since
+    return out
+
+
+def still_routed(urls: list[str], out: dict[str, float]) -> dict[str, float]:
+    """The listed worker URLs (a rank's `<base>@<rank>`, or a pod's `<base>`) of pods out of routing -> since
+    when that pod has been out."""
+    return {u: out[base] for u in urls if (base := u.split("@", 1)[0]) in out}
+
+
 def listed_workers(body: object, policy: str) -> dict[str, Worker | None]:
     """URL -> the worker as GET /workers lists it; None where its model or policy label is not what the
     operator registers (it is then removed and added again)."""
@@ -138,6 +165,10 @@ class RouterWorkersClient:
             return json.loads(text or b"null")
         except ValueError:
             raise RouterUnreachable(f"{method} {url}: not JSON") from None
+
+    def workers(self, base: str) -> list[str]:
+        """The URLs of the workers the router at `base` lists."""
+        return list(listed_workers(self._call("GET", base + router_facts.WORKERS_PATH), ""))
 
     def _post(self, base: str, w: Worker, policy: str) -> None:
         self._call("POST", base + router_facts.WORKERS_PATH,

@@ -491,9 +491,8 @@ def render_shared(obj: DeepSeekServing, operator_namespace: str = OPERATOR_NAMES
         if routing.replicas >= 2:
             out.append(_render("router-pdb.yaml.j2", **rctx))
         if netpol.enabled:
-            registrar = _namespace_peers([operator_namespace]) if routing.registers_workers() else None
             out.append(_render("router-networkpolicy.yaml.j2", **rctx, client_peers=client_peers,
-                               monitoring_peers=monitoring_peers, operator_peers=registrar,
+                               monitoring_peers=monitoring_peers, operator_peers=_namespace_peers([operator_namespace]),
                                api_server_egress=_api_server_peers(api_server)))  # fmt: skip
     if routing.inference_pool.enabled:
         picker = routing.inference_pool.endpoint_picker_ref
