@@ -314,7 +314,7 @@ def test_a_router_pod_whose_sync_hangs_gets_no_second_one_until_it_ends(events, 
         release.set()
     wait = threading.Event()
     for _ in range(50):  # the hung call returns; the next reconcile asks that pod again
-        if all(f.done() for f in c._router_syncing.values()):
+        if all(r.call is None or r.call.done() for r in c._router_pods.values()):
             break
         wait.wait(0.05)
     reconcile(c, kube, body("flash", spec))

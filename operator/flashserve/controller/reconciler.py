@@ -126,6 +126,15 @@ _router_syncs = concurrent.futures.ThreadPoolExecutor(max_workers=ROUTER_SYNC_TH
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class RouterPodCalls:
+    """The operator's calls to one router pod's worker routes."""
+
+    call: concurrent.futures.Future | None = None  # the last one made, running or done
+    behind: bool = False  # it failed, or the router still listed a pod out of routing
+    warned: bool = False  # this streak of being behind has been reported
+
+
 def _planned(obj: DeepSeekServing, mine: Observed, operator_namespace: str = OPERATOR_NAMESPACE,
              api_server: ApiServer = ()) -> tuple[Plan, list[str]]:  # fmt: skip
     """The plan and the digest of each object it applies (hashing thousands of objects is work too)."""
@@ -193,10 +202,8 @@ class Controller:
     def __post_init__(self) -> None:
         self.kube = Kube(self.api)
         self.router_workers = RouterWorkersClient()
-        self._router_unsynced: set[tuple[str, str, str]] = set()  # (namespace, serving, router pod): last sync failed
-        self._router_warned: set[tuple[str, str, str]] = set()  # those of them whose streak has been reported
+        self._router_pods: dict[tuple[str, str, str], RouterPodCalls] = {}  # (namespace, serving, router pod)
         self._routers_synced: dict[tuple[str, str], float] = {}  # serving -> Observed.routers_synced_at
-        self._router_syncing: dict[tuple[str, str, str], concurrent.futures.Future] = {}  # router pod -> its sync
         self.api_server = ApiServerAddresses(lambda: read_slice(self.kube), os.environ)
         if self.engines is None:
             self.engines = EngineMetrics()
@@ -221,8 +228,7 @@ class Controller:
         self.startups.forget(namespace, name)
         self.drains.pop((namespace, name), None)
         self._routers_synced.pop((namespace, name), None)
-        self._router_unsynced = {k for k in self._router_unsynced if k[:2] != (namespace, name)}
-        self._router_warned &= self._router_unsynced
+        self._router_pods = {k: v for k, v in self._router_pods.items() if k[:2] != (namespace, name)}
         CACHE.forget(namespace, name)
 
     def _first(self, key: tuple[str, str, str], what: str, now: float) -> bool:
@@ -319,7 +325,7 @@ class Controller:
                                       self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
                                       returning=frozenset(pod for pod, _ in p.undrain_pods))  # fmt: skip
 
-            def job(base: str) -> Sync | list[str]:
+            def job(base: str) -> Sync:
                 return self.router_workers.sync(base, desired, spec.routing.policy, ROUTER_SYNC_WAIT_S)
         else:
             job = self.router_workers.workers
@@ -327,18 +333,21 @@ class Controller:
         # With no pod out of routing there is nothing for a discovering router to have dropped (a pod this plan
         # labels is out from now on, later than this confirmation): no call in the steady state.
         targets = [] if not registers and not out else router_targets(mine, spec.routing.port, self.engine_networks)
-        # Forget the failures of router pods that are gone (or not asked), so the set holds current pods only.
-        current = {(namespace, name, pod) for pod, _ in targets}
-        self._router_unsynced -= {k for k in self._router_unsynced if k[:2] == key0 and k not in current}
-        self._router_warned &= self._router_unsynced
         # One call per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
-        # answers slowly must not take the pool one more thread at each reconcile.
-        self._router_syncing = {k: f for k, f in self._router_syncing.items() if not f.done()}
+        # answers slowly must not take the pool one more thread at each reconcile. So a router pod no longer
+        # asked (gone, or nothing to confirm) keeps its record, as not behind, until its last call ends.
+        current = {(namespace, name, pod) for pod, _ in targets}
+        for key in [k for k in self._router_pods if k[:2] == key0 and k not in current]:
+            rec = self._router_pods[key]
+            if rec.call is None or rec.call.done():
+                del self._router_pods[key]
+            else:
+                rec.behind = rec.warned = False
         futures: dict[str, concurrent.futures.Future] = {}
         for pod, base in targets:
-            key = (namespace, name, pod)
-            if key not in self._router_syncing:
-                futures[pod] = self._router_syncing[key] = _router_syncs.submit(job, base)
+            rec = self._router_pods.setdefault((namespace, name, pod), RouterPodCalls())
+            if rec.call is None or rec.call.done():
+                futures[pod] = rec.call = _router_syncs.submit(job, base)
         done: set = set()
         if futures:
             waiting = [asyncio.wrap_future(f) for f in futures.values()]
@@ -347,7 +356,7 @@ class Controller:
                 w.add_done_callback(lambda w: w.cancelled() or w.exception())
             done = {f for f in futures.values() if f.done()}
         for pod, _ in targets:
-            key = (namespace, name, pod)
+            rec = self._router_pods[(namespace, name, pod)]
             f = futures.get(pod)
             settling = False  # behind, but not for long enough to report
             if f is None:
@@ -370,15 +379,14 @@ class Controller:
                     settling = age < DRAIN_SETTLE_S
                     error = (f"it still routes to {len(stale)} worker(s) of pods out of routing for {age:.0f}s "
                              "(its pod watch is behind)")
+            rec.behind = error is not None
             if error is None:
-                self._router_unsynced.discard(key)
-                self._router_warned.discard(key)
+                rec.warned = False
                 continue
-            self._router_unsynced.add(key)
             started = next(r for r in mine.router_pods if r.name == pod).started_at
             starting = started is not None and mine.now - started < ROUTER_START_GRACE_S
-            if key not in self._router_warned and not starting and not settling:
-                self._router_warned.add(key)
+            if not rec.warned and not starting and not settling:
+                rec.warned = True
                 what = "keep" if registers else "confirm"
                 message = (f"cannot {what} the workers of router pod {pod}: {error}; drains of this serving wait "
                            f"for it, at most rollout.drainSeconds ({spec.rollout.drain_seconds} s)")
@@ -386,7 +394,7 @@ class Controller:
                 kopf.event(body, type="Warning", reason="RouterWorkersUnsynced", message=message)
         # With no router pod to ask, none routes: one the operator cannot reach was never given a worker (under
         # a discovery policy it is trusted to its pod watch: docs/drain.md, "What a real cluster needs").
-        if not any(k[:2] == key0 for k in self._router_unsynced):
+        if not any(self._router_pods[k].behind for k in current):
             self._routers_synced[key0] = mine.now
 
     def _next_refusal_check(self, key: tuple[str, str]) -> float | None:
