@@ -2,13 +2,13 @@
 API (`routing.policy: rendezvous_hash`, facts/router.py WORKER_LABEL_POLICIES), and read back under every other
 policy, whose routers discover the engine pods themselves, to confirm that a drained group has left them.
 
-Under `rendezvous_hash` the router runs in IGW mode without pod discovery. At each reconcile of the serving
-the operator lists each router pod's workers (GET /workers) and makes them the engines that take traffic:
-every Ready engine pod with the routing label `serve`, one worker per data-parallel rank (`http://<pod IP>:<port>@<rank>`), with the
-served model's name and the policy label (POST /workers); everything else goes (DELETE /workers/<url>):
-engines taken out of routing for a drain, pods that are gone, and any worker a client of the router's port
-added (the worker routes take no credentials: docs/routing.md, "Who can steer the router"). The router adds a
-worker without asking it first, so only Ready engines are registered.
+Under `rendezvous_hash` the router runs in IGW mode without pod discovery. At each reconcile of the serving the
+operator lists each router pod's workers (GET /workers) and makes them the engines that take traffic: every Ready
+engine pod with the routing label `serve`, one worker per data-parallel rank (`http://<pod IP>:<port>@<rank>`), with
+the served model's name and the policy label (POST /workers); everything else goes (DELETE /workers/<url>): engines
+taken out of routing for a drain, pods that are gone, and any worker a client of the router's port added (the worker
+routes take no credentials: docs/routing.md, "Who can steer the router"). The router adds a worker without asking it
+first, so only Ready engines are registered.
 
 Under the discovery policies the router's pod watch owns its workers. While a group drains, the operator lists
 each router pod's workers (GET /workers) and a drain counts the group as gone from the routers only once none
