@@ -11,6 +11,8 @@ from flashserve.controller.drain import DRAIN_SETTLE_S, parse_networks
 from flashserve.controller.observe import Observed, PodView
 from flashserve.controller.reconciler import RECENT_WRITE_S
 from flashserve.controller.router_workers import (
+    RouterUnreachable,
+    RouterWorkersClient,
     Sync,
     Worker,
     desired_workers,
@@ -82,26 +84,29 @@ def test_what_the_router_lists_is_made_what_is_desired():
 
 
 class FakeRouters:
-    def __init__(self, fail: set[str] = frozenset(), listing: dict[str, list[str]] | None = None):
+    """Router pods' worker routes: those in `fail` time out, those in `refuse` refuse the connection."""
+
+    def __init__(self, fail: set[str] = frozenset(), listing: dict[str, list[str]] | None = None,
+                 refuse: set[str] = frozenset()):  # fmt: skip
         self.calls: list[tuple[str, frozenset, str]] = []
-        self.fail = fail
+        self.fail, self.refuse = fail, refuse
         self.listing = listing or {}  # base -> the worker URLs a discovering router pod lists
         self.reads: list[str] = []
 
+    def _answer(self, base: str) -> None:
+        if base in self.fail:
+            raise RouterUnreachable(f"GET {base}/workers: timed out")
+        if base in self.refuse:
+            raise RouterUnreachable(f"GET {base}/workers: connection refused", refused=True)
+
     def workers(self, base: str) -> list[str]:
         self.reads.append(base)
-        if base in self.fail:
-            from flashserve.controller.router_workers import RouterUnreachable
-
-            raise RouterUnreachable(f"GET {base}/workers: connection refused")
+        self._answer(base)
         return list(self.listing.get(base, []))
 
     def sync(self, base: str, desired: set, policy: str, budget_s: float | None = None) -> Sync:
         self.calls.append((base, frozenset(desired), policy))
-        if base in self.fail:
-            from flashserve.controller.router_workers import RouterUnreachable
-
-            raise RouterUnreachable(f"GET {base}/workers: connection refused")
+        self._answer(base)
         return Sync(add=tuple(sorted(desired, key=lambda w: w.url)))
 
 
@@ -133,7 +138,7 @@ def test_a_router_pod_that_does_not_answer_is_reported_once_per_streak(events, c
         reconcile(c, kube, body("flash", spec))
     warned = [e for e in events if e["reason"] == "RouterWorkersUnsynced"]
     assert len(warned) == 1 and f"{router_name('flash')}-5d8f9c7b4-r0" in warned[0]["message"]
-    assert "connection refused" in warned[0]["message"]
+    assert "timed out" in warned[0]["message"]
     c.router_workers = FakeRouters()
     reconcile(c, kube, body("flash", spec))
     c.router_workers = FakeRouters(fail={"http://10.65.0.1:8000"})
@@ -180,6 +185,46 @@ def test_under_a_discovery_policy_a_router_that_still_lists_a_drained_rank_holds
     status = reconcile(c, kube, body("flash", down, status=status))
     assert ("StatefulSet", NS, groups[1]) not in kube.objects
     assert [(d["endedBy"], "routersBehind" in d) for d in status["lastDrains"]] == [("Idle", False)]
+
+
+@pytest.mark.parametrize("policy", ["consistent_hash", "rendezvous_hash"])
+def test_a_router_pod_that_refuses_the_connection_routes_nothing_and_holds_no_drain(events, clock, policy):
+    """Nothing listens on its port, which is where clients reach it too. Under a discovery policy that is the
+    router being down (its status says so): no Warning; where the operator keeps the workers it is reported,
+    without saying drains wait."""
+    spec = {"replicas": 2, "rollout": {"drainSeconds": 60}, "routing": {"policy": policy}}
+    kube, c, status = _settled(clock, spec)
+    groups = sorted(kube.names("StatefulSet"))
+    c.router_workers = FakeRouters(refuse={"http://10.65.0.2:8000"})
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))
+    for _ in range(3):
+        clock.advance(DRAIN_SETTLE_S)
+        status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, groups[1]) not in kube.objects
+    assert [(d["endedBy"], "routersBehind" in d) for d in status["lastDrains"]] == [("Idle", False)]
+    warned = [e["message"] for e in events if e["reason"] == "RouterWorkersUnsynced"]
+    if policy == "consistent_hash":
+        assert warned == []
+    else:
+        assert len(warned) == 1 and "connection refused" in warned[0] and "drains" not in warned[0]
+
+
+def test_the_client_tells_a_refused_connection_from_a_router_that_does_not_answer():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens once it is closed
+    with pytest.raises(RouterUnreachable) as refused:
+        RouterWorkersClient(timeout=2).workers(f"http://127.0.0.1:{closed}")
+    assert refused.value.refused
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        with pytest.raises(RouterUnreachable) as hung:
+            RouterWorkersClient(timeout=0.3).workers(f"http://127.0.0.1:{silent.getsockname()[1]}")
+    assert not hung.value.refused
 
 
 def test_what_a_discovering_router_still_routes_to_is_what_it_lists_of_pods_out_of_routing():
@@ -352,7 +397,6 @@ def test_a_router_pods_start_is_its_router_containers():
 
 def test_a_sync_starts_no_call_past_its_budget_and_the_next_goes_on_from_what_the_router_lists(monkeypatch):
     from flashserve.controller import router_workers
-    from flashserve.controller.router_workers import RouterUnreachable, RouterWorkersClient
 
     now = [0.0]
     monkeypatch.setattr(router_workers.time, "monotonic", lambda: now[0])

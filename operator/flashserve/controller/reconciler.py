@@ -23,6 +23,7 @@ from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
 from flashserve.controller.api_server import ApiServerAddresses, read_slice
 from flashserve.controller.router_workers import (
+    RouterUnreachable,
     RouterWorkersClient,
     Sync,
     desired_workers,
@@ -359,12 +360,14 @@ class Controller:
             rec = self._router_pods[(namespace, name, pod)]
             f = futures.get(pod)
             settling = False  # behind, but not for long enough to report
+            refused = False  # nothing listens on its port: it routes nothing, so it holds no drain
             if f is None:
                 error = "its previous call has not finished"
             elif f not in done:
                 error = f"no answer in {ROUTER_SYNC_WAIT_S:g}s"
-            elif f.exception() is not None:
-                error = str(f.exception())
+            elif (exc := f.exception()) is not None:
+                error = str(exc)
+                refused = isinstance(exc, RouterUnreachable) and exc.refused
             elif registers:
                 error = None
                 steps = f.result()
@@ -379,17 +382,21 @@ class Controller:
                     settling = age < DRAIN_SETTLE_S
                     error = (f"it still routes to {len(stale)} worker(s) of pods out of routing for {age:.0f}s "
                              "(its pod watch is behind)")
-            rec.behind = error is not None
+            rec.behind = error is not None and not refused
             if error is None:
                 rec.warned = False
                 continue
             started = next(r for r in mine.router_pods if r.name == pod).started_at
             starting = started is not None and mine.now - started < ROUTER_START_GRACE_S
-            if not rec.warned and not starting and not settling:
+            # A discovering router that refuses is down, which the router's status reports; one whose workers
+            # the operator keeps will serve nothing until it can.
+            quiet = starting or settling or (refused and not registers)
+            if not rec.warned and not quiet:
                 rec.warned = True
                 what = "keep" if registers else "confirm"
-                message = (f"cannot {what} the workers of router pod {pod}: {error}; drains of this serving wait "
-                           f"for it, at most rollout.drainSeconds ({spec.rollout.drain_seconds} s)")
+                waits = ("" if refused else f"; drains of this serving wait for it, at most rollout.drainSeconds "
+                                            f"({spec.rollout.drain_seconds} s)")
+                message = f"cannot {what} the workers of router pod {pod}: {error}{waits}"
                 log.warning("%s/%s: %s", namespace, name, message)
                 kopf.event(body, type="Warning", reason="RouterWorkersUnsynced", message=message)
         # With no router pod to ask, none routes: one the operator cannot reach was never given a worker (under

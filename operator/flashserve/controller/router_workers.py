@@ -137,9 +137,12 @@ def sync_steps(listed: dict[str, Worker | None], desired: set[Worker]) -> Sync:
 
 
 class RouterUnreachable(Exception):
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, refused: bool = False):
         super().__init__(message)
         self.status = status  # the HTTP status the router answered, if it answered
+        # The connection was refused: nothing listens on the router's port (its process has exited or not yet
+        # started), and that port is also where clients reach it, so the pod routes nothing.
+        self.refused = refused
 
 
 class RouterWorkersClient:
@@ -158,7 +161,9 @@ class RouterWorkersClient:
         except urllib.error.HTTPError as exc:
             raise RouterUnreachable(f"{method} {url}: HTTP {exc.code}", exc.code) from None
         except (OSError, ValueError, http.client.HTTPException) as exc:
-            raise RouterUnreachable(f"{method} {url}: {exc}") from None
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            refused = isinstance(reason, ConnectionRefusedError)
+            raise RouterUnreachable(f"{method} {url}: {exc}", refused=refused) from None
         if len(text) > MAX_LISTING_BYTES:
             raise RouterUnreachable(f"{method} {url}: answer over {MAX_LISTING_BYTES} bytes")
         try:
