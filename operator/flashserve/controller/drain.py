@@ -75,7 +75,9 @@ class DrainStep:
     started: bool  # no pod of the group was out of routing before this plan
 
 
-def _since(p: PodView) -> float | None:
+def out_since(p: PodView) -> float | None:
+    """When a drain took the pod out of routing; None while it takes traffic (or its annotation is unreadable,
+    and the drain labels it again)."""
     return parse_iso(p.drain_since) if p.routing == ROUTING_DRAIN else None
 
 
@@ -93,7 +95,7 @@ def drain_step(index: int, reason: str, pods: list[PodView], spec: DeepSeekServi
     if seconds == 0 or not pods:
         return DrainStep(True, [], None, False)
     now = observed.now
-    marked = {p.name: t for p in pods if (t := _since(p)) is not None}
+    marked = {p.name: t for p in pods if (t := out_since(p)) is not None}
     label = [(p.name, p.uid, iso_at(now)) for p in pods if p.name not in marked]
     first = min(marked.values(), default=now)
     last = now if label else max(marked.values())

@@ -57,6 +57,11 @@ def requests_in_flight(text: str) -> int | None:
     return round(total) if seen else None
 
 
+def connection_refused(exc: BaseException) -> bool:
+    """Whether a call failed because the connection was refused (urllib wraps it in URLError)."""
+    return isinstance(exc.reason if isinstance(exc, urllib.error.URLError) else exc, ConnectionRefusedError)
+
+
 class EngineMetrics:
     """Reads an engine's requests in flight over HTTP; 0 when the connection is refused (no engine listens);
     None for any other failure (no answer, not 200, too large, not vLLM's metrics)."""
@@ -72,14 +77,10 @@ class EngineMetrics:
                 if resp.status != 200:
                     return None
                 data = resp.read(MAX_METRICS_BYTES + 1)
-        except urllib.error.URLError as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             # Refused: the pod is there and nothing listens on the engine port (the engine has exited or never
             # started), so it holds no request. A timeout or any other failure says nothing.
-            return 0 if isinstance(exc.reason, ConnectionRefusedError) else None
-        except ConnectionRefusedError:
-            return 0
-        except (OSError, ValueError, http.client.HTTPException):
-            return None
+            return 0 if connection_refused(exc) else None
         if len(data) > MAX_METRICS_BYTES:
             return None
         return requests_in_flight(data.decode("utf-8", errors="replace"))

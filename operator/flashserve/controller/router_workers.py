@@ -31,12 +31,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from flashserve.clock import parse_iso
-from flashserve.controller.drain import IPNetwork, reachable_host
-from flashserve.controller.engine_metrics import direct_opener
+from flashserve.controller.drain import IPNetwork, out_since, reachable_host
+from flashserve.controller.engine_metrics import connection_refused, direct_opener
 from flashserve.controller.observe import Observed
 from flashserve.facts import router as router_facts
-from flashserve.render.naming import ROUTING_DRAIN, ROUTING_SERVE
+from flashserve.render.naming import ROUTING_SERVE
 
 # The router answers its worker routes from memory; a router that takes longer is starting or stuck, and the
 # next reconcile (30 s at most) asks again. Short, so one router pod cannot hold its serving's reconcile.
@@ -99,9 +98,7 @@ def out_of_routing(observed: Observed, port: int, networks: tuple[IPNetwork, ...
     what a router that discovers the pods must no longer list."""
     out = {}
     for p in observed.pods:
-        if p.routing != ROUTING_DRAIN:
-            continue
-        host, since = reachable_host(p, networks), parse_iso(p.drain_since)
+        host, since = reachable_host(p, networks), out_since(p)
         if host is not None and since is not None:
             out[f"http://{host}:{port}"] = since
     return out
@@ -161,9 +158,7 @@ class RouterWorkersClient:
         except urllib.error.HTTPError as exc:
             raise RouterUnreachable(f"{method} {url}: HTTP {exc.code}", exc.code) from None
         except (OSError, ValueError, http.client.HTTPException) as exc:
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            refused = isinstance(reason, ConnectionRefusedError)
-            raise RouterUnreachable(f"{method} {url}: {exc}", refused=refused) from None
+            raise RouterUnreachable(f"{method} {url}: {exc}", refused=connection_refused(exc)) from None
         if len(text) > MAX_LISTING_BYTES:
             raise RouterUnreachable(f"{method} {url}: answer over {MAX_LISTING_BYTES} bytes")
         try:
