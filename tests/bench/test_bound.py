@@ -102,3 +102,22 @@ def test_bound_in_the_simulator_pays_the_fleets_start_ups(tiny, profile, calib):
     hpa = Simulation(w, build(PolicySpec("hpa"), calib, tiny.startup_median_s, 100.0), Settings()).run()
     # against a policy that does not know the future, on the same start-ups: at least as good on one axis
     assert res.attainment >= hpa.attainment or res.gpu_hours <= hpa.gpu_hours
+
+
+def test_a_clairvoyant_at_a_lower_utilization_holds_more_for_more_attainment(tiny, profile, calib):
+    """`--frontier`: the same arrivals, the oracle's need at 0.5 of the SLA capacity per replica."""
+    from flashserve_testbed.bench import runner
+
+    w = Workload(tiny, 3, profile, calib, CACHE_UNIT_TOKENS, profile.max_model_len)
+    seen = w.at_utilization(0.5)
+    assert seen.starts is w.starts and w.oracle_at(1.0) == (w.oracle_gpu_hours, w.oracle_steps)
+    assert seen.peak_need() > w.peak_need() >= 2 and seen.oracle_gpu_hours > w.oracle_gpu_hours
+    assert all(seen.oracle_need(t) >= w.oracle_need(t) for t in range(0, int(tiny.duration_s), 30))
+    runner._init(profile, calib)
+    task = runner.Task(tiny, 3, PolicySpec("bound", "sweep", 0.5), Settings())
+    at_05, at_1 = runner.run_task(task), runner.run_task(runner.Task(tiny, 3, runner.BOUND_SPEC, Settings()))
+    assert at_05.policy == "bound@0.5" and (at_05.knob, at_05.knob_value) == ("utilization", 0.5)
+    assert at_05.oracle_gpu_hours == at_1.oracle_gpu_hours == w.oracle_gpu_hours  # scored against the same oracle
+    assert at_05.gpu_hours > at_1.gpu_hours and at_05.attainment >= at_1.attainment
+    oracle_05 = runner.run_task(runner.Task(tiny, 3, PolicySpec("oracle", "sweep", 0.5), Settings()))
+    assert oracle_05.policy == "oracle@0.5" and oracle_05.gpu_hours == pytest.approx(seen.oracle_gpu_hours)

@@ -116,3 +116,11 @@ def test_cli_quick_with_the_fluid_model(tmp_path):
 def test_speed_command_refuses_an_empty_day(capsys):
     assert cli.main(["speed", "--engine", "fluid", "--hours", "0"]) == 2
     assert "--hours and --peak-replicas must be > 0" in capsys.readouterr().err
+
+
+def test_the_fluid_oracle_at_a_lower_utilization_needs_more(tiny, profile, calib):
+    fw = _fw(tiny, 3, profile, calib)
+    assert fw.oracle_at(1.0) == (fw.oracle_gpu_hours, fw.oracle_steps)
+    gpu_h, _ = fw.oracle_at(0.5)
+    # ceil(c / (0.5 k)) is at least ceil(c / k) and at most twice it
+    assert fw.oracle_gpu_hours < gpu_h <= 2 * fw.oracle_gpu_hours + 1e-9

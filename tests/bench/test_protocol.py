@@ -98,3 +98,61 @@ def test_the_bound_check_is_not_passed_when_no_run_qualifies():
     lines = ch.lines()
     assert lines[0].startswith("- PASS no baseline") and lines[1].startswith("- PASS >= 20% fewer")
     assert lines[2].startswith("- n/a attainment >= 99%")
+
+
+def _frontier_runs(sc: str, seed: int, bound: dict[float, tuple[float, float]]) -> list[Result]:
+    """The clairvoyants' runs of one scenario: `bound` maps a utilization to (attainment, x oracle); the
+    oracle is 0.05 x cheaper at the same attainment."""
+    out = []
+    for u, (att, x) in bound.items():
+        suffix = "" if u == 1.0 else f"@{u:g}"
+        out += [_res(f"bound{suffix}", sc, seed, att, x), _res(f"oracle{suffix}", sc, seed, att, x - 0.05)]
+    return out
+
+
+def test_the_frontier_brackets_our_attainment_and_judges_the_target_against_the_bound():
+    test = []
+    for seed in (2001, 2002):
+        sc = f"step-{seed}"
+        test += _frontier_runs(sc, seed, {1.0: (0.95, 1.05), 0.95: (0.965, 1.10), 0.9: (0.98, 1.20), 0.8: (0.995, 1.4)})
+        test += [_res("flashserve", sc, seed, 0.97, 1.5), _res("hpa@0.6", sc, seed, 0.97, 1.45)]
+    choices = {"hpa": protocol.Choice("hpa", protocol.sweep_spec("hpa", 0.6), 0.96, 1.4, True)}
+    text, ch = protocol.markdown(test, 0.96, choices)
+    b = ch.floor["bound"]
+    # 97%: bound@0.9 is the cheapest reaching it, bound@0.95 the best short of it
+    assert b.reaching == ("bound@0.9", 0.98, pytest.approx(1.20)) and b.short[0] == "bound@0.95"
+    assert ch.floor["oracle"].reaching[0] == "oracle@0.9"
+    assert ch.target_x == pytest.approx(0.8 * 1.45)  # 1.16: between 1.10 (short) and 1.20 (reaching)
+    assert "undecided" in ch.floor_line()
+    assert b.verdict(1.25) == "within what the bound reaches" and b.verdict(1.05) == "beyond what the bound reaches"
+    # the clairvoyants are not baselines: cheaper and better, they dominate nothing; their rows are in the table
+    assert ch.dominated == [] and "| bound@0.9 | 98.0% / 1.20 |" in text
+    assert "frontier at the policy's median test attainment (97.0%)" in text
+    assert "- step: 97.0% / 1.50, the bound 1.13: 1.32x" in text  # 1.10 + 0.10 x (97.0 - 96.5) / (98.0 - 96.5)
+
+
+def test_no_frontier_line_without_the_frontier_runs_and_none_reaching_is_beyond():
+    test = [_res("bound", "step-2001", 2001, 0.95, 1.05), _res("flashserve", "step-2001", 2001, 0.97, 1.5)]
+    _, ch = protocol.markdown(test, 0.96, {})
+    assert ch.floor is None and not any("frontier" in line for line in ch.lines())
+    test += _frontier_runs("step-2001", 2001, {0.9: (0.96, 1.2)})
+    _, ch = protocol.markdown(test, 0.96, {})
+    assert ch.floor["bound"].reaching is None and ch.floor["bound"].short == ("bound@0.9", 0.96, pytest.approx(1.2))
+    assert ch.floor["bound"].verdict(2.0) == "beyond what the bound reaches"
+    assert ch.target_x is None and "no setting reaches it" in ch.floor_line()
+
+
+def test_cli_refuses_frontier_outside_the_test_set(capsys):
+    assert cli.main(["autoscale", "--frontier", "--quiet"]) == 2
+    assert "--frontier is a mode of --heldout" in capsys.readouterr().err
+    assert cli.main(["autoscale", "--heldout", "--train-only", "--frontier", "--quiet"]) == 2
+    assert "--frontier runs on the test set" in capsys.readouterr().err
+
+
+def test_frontier_at_interpolates_between_the_settings_that_bracket_an_attainment():
+    cells = {("bound", "all"): protocol.Cell(0.95, 1.05, 0, 2), ("bound@0.9", "all"): protocol.Cell(0.98, 1.20, 0, 2),
+             ("bound@0.8", "all"): protocol.Cell(0.995, 1.40, 0, 2)}  # fmt: skip
+    assert protocol.frontier_at(cells, "bound", "all", 0.965) == pytest.approx(1.125)
+    assert protocol.frontier_at(cells, "bound", "all", 0.99) == pytest.approx(1.20 + 0.2 * 10 / 15)
+    assert protocol.frontier_at(cells, "bound", "all", 0.999) is None  # beyond its best-attaining setting
+    assert protocol.frontier_at(cells, "oracle", "all", 0.97) is None  # no such runs

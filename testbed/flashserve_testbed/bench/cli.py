@@ -7,7 +7,7 @@
                                [--startup-model lognormal|cold|cached-node|cached-shared]
                                [--startups SECONDS ...] [--spec-startup SECONDS] [--no-startup-learning]
     flashserve bench autoscale --heldout [--families NAME ...] [--train-seeds N] [--test-seeds N] [--out DIR]
-                               [--train-only] [--flashserve-set FIELD=VALUE ...]
+                               [--train-only] [--frontier] [--flashserve-set FIELD=VALUE ...]
     flashserve bench report RUNS.csv [MORE.csv ...] --out DIR
     flashserve bench compare A.csv B.csv [--plot PNG | --equal-attainment [FAMILY]]
     flashserve bench speed [--hours 24] [--policy flashserve] [--peak-replicas 2] [--engine model|fluid]
@@ -21,7 +21,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train-only", action="store_true",
                    help="--heldout: run only FlashServe's policy on the train set and print its medians per family "
                    "(for choosing its constants; the test set is not run)")
+    p.add_argument("--frontier", action="store_true",
+                   help="--heldout: also run the oracle and the start-up-aware bound sized at 0.9-0.6 of the SLA "
+                   "capacity on the test set, and print what knowing the future costs at the policy's attainment")
     p.add_argument("--flashserve-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="run FlashServe's policy with this PolicyConfig field set (repeatable; e.g. "
                    "scale_down_utilization=0.7, peak_window_startups=2, learn_startup=false); shown in its label "
@@ -212,8 +215,13 @@ def autoscale(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"flashserve bench autoscale: {exc}", file=sys.stderr)
         return 2
-    if args.train_only and not args.heldout:
-        print("flashserve bench autoscale: --train-only is a mode of --heldout: add --heldout", file=sys.stderr)
+    for flag, given in (("--train-only", args.train_only), ("--frontier", args.frontier)):
+        if given and not args.heldout:
+            print(f"flashserve bench autoscale: {flag} is a mode of --heldout: add --heldout", file=sys.stderr)
+            return 2
+    if args.frontier and args.train_only:
+        print("flashserve bench autoscale: --frontier runs on the test set, --train-only never does: drop one",
+              file=sys.stderr)  # fmt: skip
         return 2
     args.engine = args.engine or ("fluid" if args.heldout else "model")
     if args.engine == "fluid" and (args.trace or args.all_ranks):
@@ -408,7 +416,7 @@ def heldout(args, profile, progress) -> int:
     if args.train_only:
         return _train_only(args, profile, calib, settings, fams, curve, progress, ours, t0)
     train, test, goal, choices = protocol.run(profile, calib, settings, fams, args.train_seeds, args.test_seeds,
-                                              max(1, args.jobs), curve, progress, ours)  # fmt: skip
+                                              max(1, args.jobs), curve, progress, ours, args.frontier)  # fmt: skip
     table, checks = protocol.markdown(test, goal, choices, ours.label)
     minutes = (time.monotonic() - t0) / 60
     print(table)
@@ -429,7 +437,7 @@ def heldout(args, profile, progress) -> int:
                 if progress:
                     progress("matplotlib missing: no plot (pip install flashserve[plot])")
     if args.json:
-        Path(args.json).write_text(json.dumps({"train_attainment": goal, "checks": checks.__dict__,
+        Path(args.json).write_text(json.dumps({"train_attainment": goal, "checks": asdict(checks),
                                                "choices": {f: c.spec.label for f, c in choices.items()}},
                                               indent=1) + "\n", encoding="utf-8")  # fmt: skip
     return 0
@@ -484,8 +492,6 @@ def _write_decisions(folder: Path, results) -> None:
 
 
 def _calib_dict(calib) -> dict:
-    from dataclasses import asdict
-
     d = asdict(calib)
     d["capacity_per_replica"] = calib.capacity_per_replica
     return _round(d)

@@ -189,9 +189,12 @@ class FluidWorkload(OracleView):
             while k < len(grid) and grid[k] <= t + 1e-9:
                 area[k] = acc
                 k += 1
-        self.oracle_gpu_hours, self.oracle_steps = oracle_from_area(
-            grid, area, calib.capacity_per_rank, profile.gpus_per_replica, 0.0, scenario.duration_s
-        )
+        self.area_grid, self.area = grid, area
+        self.oracle_gpu_hours, self.oracle_steps = self.oracle_at(1.0)
+
+    def oracle_at(self, utilization: float) -> tuple[float, list[tuple[float, int]]]:
+        return oracle_from_area(self.area_grid, self.area, self.calib.capacity_per_rank * utilization,
+                                self.profile.gpus_per_replica, 0.0, self.scenario.duration_s)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- the fleet

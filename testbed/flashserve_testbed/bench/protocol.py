@@ -12,6 +12,11 @@ with the same budget (BUDGET settings of its main knob, `GRIDS`). On the test se
 every baseline at its default, its published tuned setting and its "equal attainment" setting: the
 cheapest of its swept settings that reaches the policy's train-set attainment (median over the train
 runs), chosen on the train set and scored on the test set. Then it checks the targets of issue 21.
+
+With `--frontier` the two clairvoyants (the oracle and the bound) also run sized at lower utilizations
+(FRONTIER): more headroom, more attainment, more GPU-hours. Read at the policy's own attainment, that frontier
+is the least any policy could spend there, without start-ups (the oracle) and with them (the bound), so it
+says whether a GPU-hours target is within reach at all, and how far the policy is from it per family.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ GRIDS: dict[str, tuple[float, ...]] = {
     "static": (0.6, 0.7, 0.85, 1.0, 1.15, 1.3),  # replicas, share of the run's peak need (default 1.0)
 }
 """The baselines' main knob (policies.build's `share`), BUDGET settings each, their defaults among them."""
+CLAIRVOYANTS = ("oracle", "bound")
+FRONTIER = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
+"""`--frontier`: the utilizations (share of the SLA capacity per replica) the clairvoyants also size at,
+besides their own 1: what knowing the future costs at each attainment, with and without start-ups. The
+cheapest of them reaching the policy's attainment is the floor under the equal-attainment target."""
 
 
 def train_seeds(n: int) -> list[int]:
@@ -157,10 +167,15 @@ def train_tasks(scenarios: list[Scenario], settings, ours: PolicySpec = OURS, ba
     return Tasks(out)
 
 
-def held_out_tasks(scenarios: list[Scenario], settings, equal: dict[str, PolicySpec], ours: PolicySpec = OURS) -> Tasks:
+def frontier_specs() -> list[PolicySpec]:
+    return [PolicySpec(c, "sweep", u) for c in CLAIRVOYANTS for u in FRONTIER]
+
+
+def held_out_tasks(scenarios: list[Scenario], settings, equal: dict[str, PolicySpec], ours: PolicySpec = OURS,
+                   frontier: bool = False) -> Tasks:  # fmt: skip
     from flashserve_testbed.bench.runner import BOUND_SPEC, Task
 
-    specs = [BOUND_SPEC, ours]
+    specs = [BOUND_SPEC, ours] + (frontier_specs() if frontier else [])
     for f in BASELINES:
         specs += [PolicySpec(f), PolicySpec(f, "tuned")]
         if equal.get(f) is not None and equal[f].label not in {s.label for s in specs}:
@@ -254,6 +269,7 @@ def held_out_table(test: list[Result], choices: dict[str, Choice], ours: str = "
     order = ["oracle", "bound", ours]
     for f in BASELINES:
         order += [f, f"{f}-tuned", f"{f}-equal"]
+    order += [f"{c}@{u:g}" for c in CLAIRVOYANTS for u in FRONTIER]
     rows = [x for x in order if (x, "all") in cells]
     fams = [f for f in GEN_FAMILIES if any(family_of(r.scenario) == f for r in test)]
     return rows, ["all", *fams], cells
@@ -272,6 +288,12 @@ class Checks:
     """Of those, the runs where the policy is below 99%."""
     overshoot: list[str]
     """Runs where the policy's peak fleet is at least twice the bound's (maxReplicas is 2x peak + 2)."""
+    floor: dict[str, Floor] | None = None
+    """`--frontier`: per clairvoyant, where its settings bracket the policy's median test attainment."""
+    goal: float = 0.0
+    """The policy's median test attainment (what the floor is read at)."""
+    target_x: float | None = None
+    """The GPU-hours x oracle the equal-attainment target asks for: 0.8 x the best equal baseline's."""
 
     def lines(self) -> list[str]:
         def ok(passed: bool) -> str:
@@ -293,7 +315,18 @@ class Checks:
                        + (f": {', '.join(self.bound_misses)}" if self.bound_misses else "") + ")")
         out.append(f"- overshoot: the policy's peak fleet >= 2x the bound's on {len(self.overshoot)} runs"
                    + (f" ({', '.join(self.overshoot)})" if self.overshoot else ""))
+        if self.floor is not None:
+            out.append("- " + self.floor_line())
         return out
+
+    def floor_line(self) -> str:
+        """What knowing the future costs at the policy's attainment, against what the target asks."""
+        text = (f"frontier at the policy's median test attainment ({self.goal:.1%}): "
+                + "; ".join(self.floor[c].text() for c in CLAIRVOYANTS))
+        if self.target_x is None:
+            return text
+        verdict = self.floor["bound"].verdict(self.target_x)
+        return f"{text}; the 20% target asks <= {self.target_x:.2f} x oracle: {verdict}"
 
 
 def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols: list[str], cells: dict,
@@ -304,7 +337,7 @@ def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols
         if me is None:
             continue
         for row in rows:
-            if row in ("oracle", "bound", ours):
+            if row == ours or row.split("@")[0] in CLAIRVOYANTS:
                 continue
             c = cells.get((row, col))
             if c and c.attainment > me.attainment and c.x_oracle < me.x_oracle:
@@ -330,7 +363,49 @@ def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols
                 misses.append(f"{sc} {me.attainment:.1%}")
         if me.replicas_max >= 2 * b.replicas_max:
             over.append(f"{sc} {me.replicas_max} vs {b.replicas_max}")
-    return Checks(dominated, saving, best, bound_runs, misses, over)
+    ch = Checks(dominated, saving, best, bound_runs, misses, over)
+    if (ours, "all") in cells and any(c.endswith(f"@{u:g}") for c, _ in cells for u in FRONTIER):
+        ch.goal = cells[(ours, "all")].attainment
+        ch.floor = {c: _floor(cells, c, ch.goal) for c in CLAIRVOYANTS}
+        if saving is not None:
+            ch.target_x = 0.8 * cells[(best, "all")].x_oracle
+    return ch
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Where a clairvoyant's settings (itself and FRONTIER) bracket an attainment, by test-set medians: the
+    cheapest setting that reaches it and the best-attaining one that does not (label, attainment, x oracle)."""
+
+    clairvoyant: str
+    reaching: tuple[str, float, float] | None
+    short: tuple[str, float, float] | None
+
+    def text(self) -> str:
+        def one(p):
+            return f"`{p[0]}` {p[1]:.1%} / {p[2]:.2f}"
+
+        if self.reaching is None:
+            return f"{self.clairvoyant}: no setting reaches it (best {one(self.short)})"
+        return f"{self.clairvoyant}: {one(self.reaching)}" + (f", short of it {one(self.short)}" if self.short else "")
+
+    def verdict(self, target_x: float) -> str:
+        """Whether this clairvoyant meets `target_x` at the attainment (its GPU-hours rise with attainment along
+        the frontier, so a setting short of it that already costs more says no)."""
+        if self.reaching is not None and self.reaching[2] <= target_x:
+            return f"within what the {self.clairvoyant} reaches"
+        if self.reaching is None or (self.short is not None and self.short[2] > target_x):
+            return f"beyond what the {self.clairvoyant} reaches"
+        return f"between the {self.clairvoyant}'s settings: undecided at this grid"
+
+
+def _floor(cells: dict, clairvoyant: str, goal: float) -> Floor:
+    pts = [(label, c.attainment, c.x_oracle) for label in (clairvoyant, *(f"{clairvoyant}@{u:g}" for u in FRONTIER))
+           if (c := cells.get((label, "all"))) is not None]  # fmt: skip
+    ok = [p for p in pts if p[1] >= goal]
+    below = [p for p in pts if p[1] < goal]
+    return Floor(clairvoyant, min(ok, key=lambda p: (p[2], -p[1])) if ok else None,
+                 max(below, key=lambda p: (p[1], -p[2])) if below else None)  # fmt: skip
 
 
 def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
@@ -350,7 +425,26 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
                      + ("" if c.reached else " (not reached: its best-attaining setting)"))
     ch = checks(test, choices, rows, cols, cells, ours)
     lines += ["", "Targets (on the test set):", *ch.lines()]
+    if ch.floor is not None:
+        lines += ["", ("The policy against the start-up-aware bound at the policy's own attainment, per column (the "
+                       "bound's x oracle there, interpolated between its settings by median attainment; the "
+                       "policy's x oracle over it):")]  # fmt: skip
+        for col in cols:
+            at, me = frontier_at(cells, "bound", col, cells[(ours, col)].attainment), cells[(ours, col)]
+            lines.append(f"- {col}: {me.attainment:.1%} / {me.x_oracle:.2f}, the bound "
+                         + ("out of its settings' range" if at is None else f"{at:.2f}: {me.x_oracle / at:.2f}x"))
     return "\n".join(lines), ch
+
+
+def frontier_at(cells: dict, clairvoyant: str, col: str, goal: float) -> float | None:
+    """The clairvoyant's median x oracle at attainment `goal` in column `col`, linear between the two of its
+    settings whose median attainments bracket it (sorted by attainment); None outside their range."""
+    pts = sorted((c.attainment, c.x_oracle) for label in (clairvoyant, *(f"{clairvoyant}@{u:g}" for u in FRONTIER))
+                 if (c := cells.get((label, col))) is not None)  # fmt: skip
+    for (a0, x0), (a1, x1) in zip(pts, pts[1:]):
+        if a0 <= goal <= a1:
+            return x0 if a1 == a0 else x0 + (x1 - x0) * (goal - a0) / (a1 - a0)
+    return None
 
 
 def plot(test: list[Result], choices: dict[str, Choice], path, ours: str = "flashserve") -> object:
@@ -361,9 +455,14 @@ def plot(test: list[Result], choices: dict[str, Choice], path, ours: str = "flas
     fams = cols[1:]
     fig, axes = plt.subplots(1, len(fams), figsize=(3.3 * len(fams), 3.6), squeeze=False)
     for ax, fam in zip(axes[0], fams):
+        for name, style in (("bound", "-"), ("oracle", ":")):
+            line = sorted((c.x_oracle, c.attainment * 100) for u in (1.0, *FRONTIER)
+                          if (c := cells.get((name if u == 1.0 else f"{name}@{u:g}", fam))) is not None)  # fmt: skip
+            if len(line) > 1:  # --frontier: what knowing the future buys at each utilization
+                ax.plot(*zip(*line), style, color="gray", lw=1, label=f"{name} frontier" if fam == fams[0] else None)
         for row in rows:
             c = cells.get((row, fam))
-            if c is None or row == "oracle":
+            if c is None or row == "oracle" or "@" in row and row.split("@")[0] in CLAIRVOYANTS:
                 continue
             base = row.split("@")[0].removesuffix("-tuned").removesuffix("-equal")
             marker = "*" if row == "bound" else "s" if row.endswith("-tuned") else "^" if row.endswith("-equal") else "o"
@@ -417,8 +516,10 @@ def run_train(profile, calib, settings, families: list[str], n_train: int, jobs:
 
 
 def run(profile, calib, settings, families: list[str], n_train: int, n_test: int, jobs: int = 1, curve=None,
-        progress=None, ours: PolicySpec = OURS) -> tuple[list[Result], list[Result], float, dict[str, Choice]]:  # fmt: skip
-    """Train runs, the choice of equal-attainment settings, then the test runs."""
+        progress=None, ours: PolicySpec = OURS, frontier: bool = False,
+        ) -> tuple[list[Result], list[Result], float, dict[str, Choice]]:  # fmt: skip
+    """Train runs, the choice of equal-attainment settings, then the test runs (`frontier`: with the
+    clairvoyants at every FRONTIER utilization too; they choose nothing)."""
     from flashserve_testbed.bench.runner import execute
 
     train_sc = [generate(f, s) for f in families for s in train_seeds(n_train)]
@@ -429,7 +530,7 @@ def run(profile, calib, settings, families: list[str], n_train: int, n_test: int
                  f"(every baseline's knob at {BUDGET} settings)")  # fmt: skip
     train = execute(plan, profile, calib, jobs=jobs, progress=progress, curve=curve)
     goal, choices = choose_equal(train, ours.label)
-    plan = held_out_tasks(test_sc, settings, {f: c.spec for f, c in choices.items()}, ours)
+    plan = held_out_tasks(test_sc, settings, {f: c.spec for f, c in choices.items()}, ours, frontier)
     if progress:
         chosen = ", ".join(f"{c.spec.label}{'' if c.reached else ' (not reached)'}" for c in choices.values())
         progress(f"equal attainment ({goal:.2%} on the train set): {chosen}")

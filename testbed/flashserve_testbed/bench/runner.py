@@ -23,6 +23,9 @@ ORACLE = "oracle"
 BOUND = "bound"
 BOUND_SPEC = PolicySpec(BOUND)
 """The start-up-aware bound (baselines/bound.py): a run of every (scenario, seed) beside the oracle."""
+CLAIRVOYANTS = (ORACLE, BOUND)
+"""The policies that know the future; sized at another utilization (PolicySpec share), they draw the
+frontier of what knowing it buys."""
 
 
 @dataclass(frozen=True)
@@ -104,29 +107,44 @@ def _workload(sc: Scenario, seed: int, settings: Settings) -> Workload | fluid.F
     return w
 
 
+def clairvoyant_utilization(spec: PolicySpec | None) -> float | None:
+    """The utilization a clairvoyant's sweep setting sizes at (`--frontier`); None: not one, or at 1."""
+    if spec is None or spec.family not in CLAIRVOYANTS or spec.variant != "sweep":
+        return None
+    return spec.share
+
+
 def run_task(task: Task) -> Result:
     st = task.settings
     w = _workload(task.scenario, task.seed, st)
     calib = _STATE["calib"]
     prof = _STATE["profile"]
     curve = _STATE["curve"]
-    if task.spec is None:
-        res = fluid.run_oracle(w, st, curve) if st.engine == "fluid" else run_oracle(w, st)
+    seen, u = w, clairvoyant_utilization(task.spec)
+    if u is not None:
+        seen = w.at_utilization(u)
+    if task.spec is None or task.spec.family == ORACLE:
+        res = fluid.run_oracle(seen, st, curve) if st.engine == "fluid" else run_oracle(seen, st)
+        if task.spec is not None:
+            res.policy, res.variant = task.spec.label, task.spec.variant
     else:
         startup = st.startup_median_s or task.scenario.startup_median_s or prof.startup.median
         if st.spec_startup_s is not None:
             startup = st.spec_startup_s
         if task.spec.family == BOUND:
-            policy = bound.StartupAwareBound(w.oracle_steps, task.scenario.warmup_s)
+            policy = bound.StartupAwareBound(seen.oracle_steps, task.scenario.warmup_s)
         else:
             policy = build(task.spec, calib, startup, st.sla_tokens_per_s, st.learn_startup)
-        sim = fluid.FluidSimulation(w, policy, st, curve) if st.engine == "fluid" else Simulation(w, policy, st)
+        # `seen` has the same arrivals; a clairvoyant's initial fleet is its own need
+        sim = fluid.FluidSimulation(seen, policy, st, curve) if st.engine == "fluid" else Simulation(seen, policy, st)
         if isinstance(policy, bound.StartupAwareBound):
             policy.attach(sim.fleet)  # it knows each order's start-up: the same stream the fleet draws from
         res = sim.run()
         res.policy = task.spec.label
         res.spec_startup_s = startup
         res.variant = task.spec.variant
+    if u is not None:
+        res.knob, res.knob_value = "utilization", u
     res.oracle_gpu_hours = w.oracle_gpu_hours
     res.kind = task.kind
     return res

@@ -11,6 +11,7 @@ scenario; then no new turns start, the requests in flight finish, and the run is
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 import random
@@ -89,6 +90,18 @@ class OracleView:
     oracle_steps: list[tuple[float, int]]
     oracle_gpu_hours: float
 
+    def oracle_at(self, utilization: float) -> tuple[float, list[tuple[float, int]]]:
+        """The oracle's GPU-hours and need steps had it sized each replica at `utilization` x the SLA
+        capacity (1: `oracle_gpu_hours`, `oracle_steps`)."""
+        raise NotImplementedError
+
+    def at_utilization(self, utilization: float) -> OracleView:
+        """This workload as seen by a clairvoyant that holds headroom: the same arrivals, the oracle's need
+        at `utilization` x the SLA capacity (the frontier of what knowing the future buys, `--frontier`)."""
+        view = copy.copy(self)
+        view.oracle_gpu_hours, view.oracle_steps = self.oracle_at(utilization)
+        return view
+
     def oracle_need(self, t: float) -> int:
         from flashserve_testbed.bench.measures import need_at
 
@@ -162,10 +175,12 @@ class Workload(OracleView):
                         break
         self.occ_starts = [a for a, _ in occ]
         self.occ_ends = [b for _, b in occ]
-        self.oracle_gpu_hours, self.oracle_steps = oracle_gpu_hours(
-            self.occ_starts, self.occ_ends, calib.capacity_per_rank * ranks, profile.gpus_per_replica, 0.0,
-            scenario.duration_s,
-        )
+        self.oracle_capacity = calib.capacity_per_rank * ranks
+        self.oracle_gpu_hours, self.oracle_steps = self.oracle_at(1.0)
+
+    def oracle_at(self, utilization: float) -> tuple[float, list[tuple[float, int]]]:
+        return oracle_gpu_hours(self.occ_starts, self.occ_ends, self.oracle_capacity * utilization,
+                                self.profile.gpus_per_replica, 0.0, self.scenario.duration_s)  # fmt: skip
 
     def new_session(self, sid: int, unit: int, max_model_len: int, now: float) -> Session:
         """The sid-th session to start (1-based): the trace's, or a synthetic one from the run's seed."""
