@@ -123,7 +123,11 @@ def test_the_frontier_brackets_our_attainment_and_judges_the_target_against_the_
     assert b.reaching == ("bound@0.9", 0.98, pytest.approx(1.20)) and b.short[0] == "bound@0.95"
     assert ch.floor["oracle"].reaching[0] == "oracle@0.9"
     assert ch.target_x == pytest.approx(0.8 * 1.45)  # 1.16: between 1.10 (short) and 1.20 (reaching)
-    assert "undecided" in ch.floor_line()
+    # the bracket (1.10 short of 97%, 1.20 reaching it) leaves 1.16 open; interpolated the bound spends 1.13
+    assert b.at == pytest.approx(1.10 + 0.10 / 3) and "within what the bound reaches (interpolated: 1.13)" in text
+    assert protocol.Floor("bound", b.reaching, b.short).verdict(1.16).endswith("undecided at this grid")
+    assert protocol.Floor("bound", b.reaching, b.short, 1.18).verdict(1.16) == (
+        "beyond what the bound reaches (interpolated: 1.18)")
     assert b.verdict(1.25) == "within what the bound reaches" and b.verdict(1.05) == "beyond what the bound reaches"
     # the clairvoyants are not baselines: cheaper and better, they dominate nothing; their rows are in the table
     assert ch.dominated == [] and "| bound@0.9 | 98.0% / 1.20 |" in text

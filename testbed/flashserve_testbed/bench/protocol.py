@@ -380,6 +380,8 @@ class Floor:
     clairvoyant: str
     reaching: tuple[str, float, float] | None
     short: tuple[str, float, float] | None
+    at: float | None = None
+    """Its x oracle at the attainment itself, interpolated between the two (`frontier_at`)."""
 
     def text(self) -> str:
         def one(p):
@@ -387,16 +389,21 @@ class Floor:
 
         if self.reaching is None:
             return f"{self.clairvoyant}: no setting reaches it (best {one(self.short)})"
-        return f"{self.clairvoyant}: {one(self.reaching)}" + (f", short of it {one(self.short)}" if self.short else "")
+        return (f"{self.clairvoyant}: {one(self.reaching)}" + (f", short of it {one(self.short)}" if self.short else "")
+                + ("" if self.at is None else f", interpolated {self.at:.2f}"))  # fmt: skip
 
     def verdict(self, target_x: float) -> str:
-        """Whether this clairvoyant meets `target_x` at the attainment (its GPU-hours rise with attainment along
-        the frontier, so a setting short of it that already costs more says no)."""
+        """Whether this clairvoyant meets `target_x` at the attainment: a setting that reaches it at no more
+        says yes; a setting short of it that already costs more says no (along the frontier GPU-hours rise
+        with attainment); between the two, the interpolation decides, and says so."""
         if self.reaching is not None and self.reaching[2] <= target_x:
             return f"within what the {self.clairvoyant} reaches"
         if self.reaching is None or (self.short is not None and self.short[2] > target_x):
             return f"beyond what the {self.clairvoyant} reaches"
-        return f"between the {self.clairvoyant}'s settings: undecided at this grid"
+        if self.at is None:
+            return f"between the {self.clairvoyant}'s settings: undecided at this grid"
+        return (f"{'beyond' if self.at > target_x else 'within'} what the {self.clairvoyant} reaches "
+                f"(interpolated: {self.at:.2f})")  # fmt: skip
 
 
 def _floor(cells: dict, clairvoyant: str, goal: float) -> Floor:
@@ -405,7 +412,8 @@ def _floor(cells: dict, clairvoyant: str, goal: float) -> Floor:
     ok = [p for p in pts if p[1] >= goal]
     below = [p for p in pts if p[1] < goal]
     return Floor(clairvoyant, min(ok, key=lambda p: (p[2], -p[1])) if ok else None,
-                 max(below, key=lambda p: (p[1], -p[2])) if below else None)  # fmt: skip
+                 max(below, key=lambda p: (p[1], -p[2])) if below else None,
+                 frontier_at(cells, clairvoyant, "all", goal))  # fmt: skip
 
 
 def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
