@@ -434,13 +434,19 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
     ch = checks(test, choices, rows, cols, cells, ours)
     lines += ["", "Targets (on the test set):", *ch.lines()]
     if ch.floor is not None:
-        lines += ["", ("The policy against the start-up-aware bound at the policy's own attainment, per column (the "
-                       "bound's x oracle there, interpolated between its settings by median attainment; the "
-                       "policy's x oracle over it):")]  # fmt: skip
-        for col in cols:
-            at, me = frontier_at(cells, "bound", col, cells[(ours, col)].attainment), cells[(ours, col)]
-            lines.append(f"- {col}: {me.attainment:.1%} / {me.x_oracle:.2f}, the bound "
-                         + ("out of its settings' range" if at is None else f"{at:.2f}: {me.x_oracle / at:.2f}x"))
+        lines += ["", ("Over the frontier: each setting's median GPU-hours over what the start-up-aware bound spends "
+                       "at the same median attainment (interpolated between the bound's settings; - where it is "
+                       "outside their range). 1.00 is what knowing the future buys; lower is better:"), "",
+                  "| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]  # fmt: skip
+        for row in rows:
+            if row.split("@")[0] in CLAIRVOYANTS:
+                continue
+            out = []
+            for col in cols:
+                c = cells.get((row, col))
+                at = None if c is None else frontier_at(cells, "bound", col, c.attainment)
+                out.append("-" if at is None else f"{c.x_oracle / at:.2f}")
+            lines.append(f"| {row} | " + " | ".join(out) + " |")
     return "\n".join(lines), ch
 
 
