@@ -25,7 +25,7 @@ from flashserve.controller.router_workers import (
 from flashserve.render.naming import router_name
 
 from tests.builders import NS
-from tests.fakes import FakeKube, body, controller, reconcile
+from tests.fakes import FakeEngines, FakeKube, body, controller, reconcile
 
 
 def _pod(name: str, ip: str, ready: bool = True, routing: str = "serve", **kw) -> PodView:
@@ -185,6 +185,37 @@ def test_under_a_discovery_policy_a_router_that_still_lists_a_drained_rank_holds
     status = reconcile(c, kube, body("flash", down, status=status))
     assert ("StatefulSet", NS, groups[1]) not in kube.objects
     assert [(d["endedBy"], "routersBehind" in d) for d in status["lastDrains"]] == [("Idle", False)]
+
+
+def test_under_a_discovery_policy_the_engine_probe_and_the_router_read_are_in_flight_together(events, clock):
+    """While a group drains, its engines' requests in flight and the routers' workers are asked at once: a
+    slow engine does not hold up the routers' confirmation, nor the reverse. Each fake waits (a few seconds at
+    most) for the other to have been asked; one after the other, the first would give up waiting."""
+    import threading
+
+    probing, reading, saw = threading.Event(), threading.Event(), []
+
+    class SlowEngines(FakeEngines):
+        def requests_in_flight(self, host: str, port: int) -> int | None:
+            probing.set()
+            saw.append(("probe saw a read", reading.wait(2.5)))
+            return super().requests_in_flight(host, port)
+
+    class SlowRouters(FakeRouters):
+        def workers(self, base: str) -> list[str]:
+            reading.set()
+            saw.append(("read saw a probe", probing.wait(2.5)))
+            return super().workers(base)
+
+    spec = {"replicas": 2, "rollout": {"drainSeconds": 60}}
+    kube, c, status = _settled(clock, spec)
+    c.engines, c.router_workers = SlowEngines(), SlowRouters()
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))  # group 1 out of routing now
+    clock.advance(1)
+    reconcile(c, kube, body("flash", down, status=status))
+    assert c.router_workers.reads and c.engines.asked, "both were asked in this reconcile"
+    assert saw and all(ok for _, ok in saw), saw
 
 
 @pytest.mark.parametrize("policy", ["consistent_hash", "rendezvous_hash"])

@@ -487,9 +487,13 @@ class Controller:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
 
         mine.now = time.time()
-        mine.in_flight = await self._probe(mine, spec.engine.port)
+        probe = self._probe(mine, spec.engine.port)
         if spec.routing.enabled and not spec.routing.registers_workers():
-            await self._sync_router_workers(body, namespace, name, spec, mine, None)
+            # both only read, and a slow engine must not hold up the routers' confirmation (or the reverse)
+            mine.in_flight, _ = await asyncio.gather(probe, self._sync_router_workers(body, namespace, name, spec,
+                                                                                       mine, None))  # fmt: skip
+        else:
+            mine.in_flight = await probe
         mine.routers_synced_at = self._routers_synced.get((namespace, name))
         loop = asyncio.get_running_loop()
         p, digests = await loop.run_in_executor(_planner, _planned, obj, mine, self.operator_namespace,
