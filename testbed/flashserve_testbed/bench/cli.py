@@ -123,8 +123,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="--heldout: run only FlashServe's policy on the train set and print its medians per family "
                    "(for choosing its constants; the test set is not run)")
     p.add_argument("--frontier", action="store_true",
-                   help="--heldout: also run the oracle and the start-up-aware bound sized at 0.9-0.6 of the SLA "
-                   "capacity on the test set, and print what knowing the future costs at the policy's attainment")
+                   help="--heldout: also run the oracle and the start-up-aware bound sized at 1.3 down to 0.6 of "
+                   "the SLA capacity on the test set, and print what knowing the future costs at each attainment")
     p.add_argument("--flashserve-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="run FlashServe's policy with this PolicyConfig field set (repeatable; e.g. "
                    "scale_down_utilization=0.7, peak_window_startups=2, learn_startup=false); shown in its label "
