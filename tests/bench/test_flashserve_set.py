@@ -152,8 +152,8 @@ def test_cli_train_only_runs_the_set_policy_on_the_train_set_alone(monkeypatch, 
 
     seen = {}
 
-    def run_train(profile, calib_, settings, fams, n_train, jobs, curve, progress, ours):
-        seen.update(fams=fams, n_train=n_train, ours=ours)
+    def run_train(profile, calib_, settings, fams, n_train, jobs, curve, progress, ours, frontier=False):
+        seen.update(fams=fams, n_train=n_train, ours=ours, frontier=frontier)
         return [_res(ours.label, "step-1001", 0.9, 1.2), _res(ours.label, "step-1002", 0.96, 1.4)]
 
     def no_test_set(*a, **k):
@@ -173,6 +173,7 @@ def test_cli_train_only_runs_the_set_policy_on_the_train_set_alone(monkeypatch, 
 
     got = json.loads(out.read_text())
     assert got["setting"] == "flashserve@peak_window_startups=2" and got["train"]["all"]["runs"] == 2
+    assert seen["frontier"] is False and "over_frontier" not in got["train"]["all"]  # no bound runs: not read
     # --csv holds every train run, one row each (it was ignored in this mode)
     rows = csv_path.read_text().splitlines()
     assert len(rows) == 3 and all(",step-100" in r for r in rows[1:])
@@ -183,7 +184,7 @@ def test_cli_heldout_hands_the_set_policy_to_the_protocol(monkeypatch, calib, ca
 
     seen = {}
 
-    def run(profile, calib_, settings, fams, n_train, n_test, jobs, curve, progress, ours):
+    def run(profile, calib_, settings, fams, n_train, n_test, jobs, curve, progress, ours, frontier=False):
         seen["ours"] = ours
         return [], [_res("oracle", "step-2001", 0.99, 1.0), _res(ours.label, "step-2001", 0.97, 1.3)], 0.95, {}
 

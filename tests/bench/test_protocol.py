@@ -147,11 +147,23 @@ def test_no_frontier_line_without_the_frontier_runs_and_none_reaching_is_beyond(
     assert ch.target_x is None and "no setting reaches it" in ch.floor_line()
 
 
-def test_cli_refuses_frontier_outside_the_test_set(capsys):
+def test_cli_refuses_frontier_outside_the_protocol(capsys):
     assert cli.main(["autoscale", "--frontier", "--quiet"]) == 2
     assert "--frontier is a mode of --heldout" in capsys.readouterr().err
-    assert cli.main(["autoscale", "--heldout", "--train-only", "--frontier", "--quiet"]) == 2
-    assert "--frontier runs on the test set" in capsys.readouterr().err
+
+
+def test_on_the_train_set_the_frontier_reads_the_policy_against_the_bound_per_family():
+    train = []
+    for fam in ("step", "ramp"):
+        sc = f"{fam}-1001"
+        train += _frontier_runs(sc, 1001, {1.0: (0.95, 1.05), 0.9: (0.98, 1.20)})
+        train.append(_res("flashserve", sc, 1001, 0.965 if fam == "step" else 0.99, 1.5))
+    over = protocol.over_frontier(train)
+    assert over["step"] == pytest.approx(1.5 / 1.125) and over["ramp"] is None  # 99%: past the bound's settings
+    assert over["all"] == pytest.approx(1.5 / (1.05 + 0.15 * (0.9775 - 0.95) / 0.03))
+    assert "| over the frontier | 1.263 | 1.333 | - |" in protocol.train_markdown(train)
+    alone = [r for r in train if r.policy == "flashserve"]
+    assert protocol.over_frontier(alone) == {} and "over the frontier" not in protocol.train_markdown(alone)
 
 
 def test_frontier_at_interpolates_between_the_settings_that_bracket_an_attainment():

@@ -124,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
                    "(for choosing its constants; the test set is not run)")
     p.add_argument("--frontier", action="store_true",
                    help="--heldout: also run the oracle and the start-up-aware bound sized at 1.3 down to 0.6 of "
-                   "the SLA capacity on the test set, and print what knowing the future costs at each attainment")
+                   "the SLA capacity on the test set, and print what knowing the future costs at each attainment "
+                   "(with --train-only: the bound on the train set, and the policy's GPU-hours over it)")
     p.add_argument("--flashserve-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="run FlashServe's policy with this PolicyConfig field set (repeatable; e.g. "
                    "scale_down_utilization=0.7, peak_window_startups=2, learn_startup=false); shown in its label "
@@ -219,10 +220,6 @@ def autoscale(argv: list[str]) -> int:
         if given and not args.heldout:
             print(f"flashserve bench autoscale: {flag} is a mode of --heldout: add --heldout", file=sys.stderr)
             return 2
-    if args.frontier and args.train_only:
-        print("flashserve bench autoscale: --frontier runs on the test set, --train-only never does: drop one",
-              file=sys.stderr)  # fmt: skip
-        return 2
     args.engine = args.engine or ("fluid" if args.heldout else "model")
     if args.engine == "fluid" and (args.trace or args.all_ranks):
         print("flashserve bench autoscale: --engine fluid replays synthetic sessions on one representative rank "
@@ -447,7 +444,7 @@ def _train_only(args, profile, calib, settings, fams, curve, progress, ours, t0)
     from flashserve_testbed.bench import protocol, report
 
     train = protocol.run_train(profile, calib, settings, fams, args.train_seeds, max(1, args.jobs), curve, progress,
-                               ours)  # fmt: skip
+                               ours, args.frontier)  # fmt: skip
     print(f"train set ({args.train_seeds} seeds per family), medians: attainment / GPU-hours x oracle")
     print(protocol.train_markdown(train, ours.label))
     if args.decision_log:
@@ -461,10 +458,10 @@ def _train_only(args, profile, calib, settings, fams, curve, progress, ours, t0)
     if args.csv:
         report.write_csv(train, Path(args.csv))
     if args.json:
-        med = protocol.train_medians(train, ours.label)
+        med, over = protocol.train_medians(train, ours.label), protocol.over_frontier(train, ours.label)
         Path(args.json).write_text(json.dumps({"setting": ours.label, "train": {
-            k: {"attainment": a, "x_oracle": x, "runs": n} for k, (a, x, n) in med.items()}}, indent=1) + "\n",
-            encoding="utf-8")  # fmt: skip
+            k: {"attainment": a, "x_oracle": x, "runs": n, **({"over_frontier": over[k]} if over else {})}
+            for k, (a, x, n) in med.items()}}, indent=1) + "\n", encoding="utf-8")  # fmt: skip
     return 0
 
 

@@ -153,12 +153,16 @@ def sweep_spec(family: str, share: float) -> PolicySpec:
 OURS = PolicySpec("flashserve")
 
 
-def train_tasks(scenarios: list[Scenario], settings, ours: PolicySpec = OURS, baselines: bool = True) -> Tasks:
+def train_tasks(scenarios: list[Scenario], settings, ours: PolicySpec = OURS, baselines: bool = True,
+                frontier: bool = False) -> Tasks:  # fmt: skip
     """`baselines` False: only the policy (`--train-only`, for choosing its constants); the oracle's
-    GPU-hours come with every run's workload, so no oracle run is needed then."""
-    from flashserve_testbed.bench.runner import Task
+    GPU-hours come with every run's workload, so no oracle run is needed then. `frontier`: the bound at
+    every FRONTIER utilization too, to read the policy against it (`train_medians`)."""
+    from flashserve_testbed.bench.runner import BOUND_SPEC, Task
 
     specs = [ours] + ([sweep_spec(f, v) for f in BASELINES for v in GRIDS[f]] if baselines else [])
+    if frontier:
+        specs += [BOUND_SPEC] + [PolicySpec("bound", "sweep", u) for u in FRONTIER]
     out = []
     for sc in scenarios:
         seed = int(sc.name.rsplit("-", 1)[1])
@@ -512,19 +516,39 @@ def train_medians(train: list[Result], ours: str = "flashserve") -> dict[str, tu
                 len(groups[k])) for k in order if groups[k]}  # fmt: skip
 
 
+def over_frontier(runs: list[Result], ours: str = "flashserve") -> dict[str, float | None]:
+    """Per column of `train_medians`, the policy's median x oracle over the bound's at the policy's median
+    attainment (`frontier_at`; None outside the bound's settings). Empty without the bound's runs."""
+    if not any(r.policy == "bound" for r in runs):
+        return {}
+    _, _, cells = held_out_table(runs, {}, ours)
+    out: dict[str, float | None] = {}
+    for col in train_medians(runs, ours):
+        me = cells[(ours, col)]
+        at = frontier_at(cells, "bound", col, me.attainment)
+        out[col] = None if at is None else me.x_oracle / at
+    return out
+
+
 def train_markdown(train: list[Result], ours: str = "flashserve") -> str:
-    med = train_medians(train, ours)
+    med, over = train_medians(train, ours), over_frontier(train, ours)
     cols = list(med)
-    return "\n".join(["| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols),
-                      f"| {ours} | " + " | ".join(f"{med[c][0]:.2%} / {med[c][1]:.3f}" for c in cols) + " |"])
+    lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols),
+             f"| {ours} | " + " | ".join(f"{med[c][0]:.2%} / {med[c][1]:.3f}" for c in cols) + " |"]
+    if over:
+        lines.append("| over the frontier | " + " | ".join("-" if over[c] is None else f"{over[c]:.3f}" for c in cols)
+                     + " |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def run_train(profile, calib, settings, families: list[str], n_train: int, jobs: int = 1, curve=None,
-              progress=None, ours: PolicySpec = OURS) -> list[Result]:  # fmt: skip
-    """`--train-only`: the policy alone on the train set (never the test set), for choosing its constants."""
+              progress=None, ours: PolicySpec = OURS, frontier: bool = False) -> list[Result]:  # fmt: skip
+    """`--train-only`: the policy alone on the train set (never the test set), for choosing its constants;
+    `frontier`: with the bound at every FRONTIER utilization, to read the policy against it."""
     from flashserve_testbed.bench.runner import execute
 
-    plan = train_tasks([generate(f, s) for f in families for s in train_seeds(n_train)], settings, ours, False)
+    scenarios = [generate(f, s) for f in families for s in train_seeds(n_train)]
+    plan = train_tasks(scenarios, settings, ours, False, frontier)
     if progress:
         progress(f"held-out protocol, train set only: {len(plan.tasks())} runs of {ours.label}")
     return execute(plan, profile, calib, jobs=jobs, progress=progress, curve=curve)
