@@ -137,9 +137,10 @@ def test_the_frontier_brackets_our_attainment_and_judges_the_target_against_the_
 
 
 def test_no_frontier_line_without_the_frontier_runs_and_none_reaching_is_beyond():
-    test = [_res("bound", "step-2001", 2001, 0.95, 1.05), _res("flashserve", "step-2001", 2001, 0.97, 1.5)]
-    _, ch = protocol.markdown(test, 0.96, {})
-    assert ch.floor is None and not any("frontier" in line for line in ch.lines())
+    test = [_res("bound", "step-2001", 2001, 0.95, 1.05), _res("flashserve", "step-2001", 2001, 0.97, 1.5),
+            _res("hpa@0.9", "step-2001", 2001, 0.97, 1.4)]  # a baseline's sweep is labelled like a frontier run
+    text, ch = protocol.markdown(test, 0.96, {})
+    assert ch.floor is None and not any("frontier" in line for line in ch.lines()) and "frontier" not in text
     test += _frontier_runs("step-2001", 2001, {0.9: (0.96, 1.2)})
     _, ch = protocol.markdown(test, 0.96, {})
     assert ch.floor["bound"].reaching is None and ch.floor["bound"].short == ("bound@0.9", 0.96, pytest.approx(1.2))

@@ -13,7 +13,7 @@ every baseline at its default, its published tuned setting and its "equal attain
 cheapest of its swept settings that reaches the policy's train-set attainment (median over the train
 runs), chosen on the train set and scored on the test set. Then it checks the targets of issue 21.
 
-With `--frontier` the two clairvoyants (the oracle and the bound) also run sized at lower utilizations
+With `--frontier` the two clairvoyants (the oracle and the bound) also run sized at other utilizations
 (FRONTIER): more headroom, more attainment, more GPU-hours. Read at the policy's own attainment, that frontier
 is the least any policy could spend there, without start-ups (the oracle) and with them (the bound), so it
 says whether a GPU-hours target is within reach at all, and how far the policy is from it per family.
@@ -369,12 +369,25 @@ def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols
         if me.replicas_max >= 2 * b.replicas_max:
             over.append(f"{sc} {me.replicas_max} vs {b.replicas_max}")
     ch = Checks(dominated, saving, best, bound_runs, misses, over)
-    if (ours, "all") in cells and any(c.endswith(f"@{u:g}") for c, _ in cells for u in FRONTIER):
+    if (ours, "all") in cells and any(_frontier_label(label) for label, _ in cells):
         ch.goal = cells[(ours, "all")].attainment
         ch.floor = {c: _floor(cells, c, ch.goal) for c in CLAIRVOYANTS}
         if saving is not None:
             ch.target_x = 0.8 * cells[(best, "all")].x_oracle
     return ch
+
+
+def _frontier_label(label: str) -> bool:
+    """A clairvoyant sized at a FRONTIER utilization (a baseline's sweep setting is labelled alike)."""
+    name, _, u = label.partition("@")
+    return name in CLAIRVOYANTS and u != ""
+
+
+def over_bound(cells: dict, row: str, col: str) -> float | None:
+    """A setting's median x oracle over the bound's at the setting's median attainment (`frontier_at`)."""
+    c = cells.get((row, col))
+    at = None if c is None else frontier_at(cells, "bound", col, c.attainment)
+    return None if at is None else c.x_oracle / at
 
 
 @dataclass(frozen=True)
@@ -446,12 +459,8 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
         for row in rows:
             if row.split("@")[0] in CLAIRVOYANTS:
                 continue
-            out = []
-            for col in cols:
-                c = cells.get((row, col))
-                at = None if c is None else frontier_at(cells, "bound", col, c.attainment)
-                out.append("-" if at is None else f"{c.x_oracle / at:.2f}")
-            lines.append(f"| {row} | " + " | ".join(out) + " |")
+            over = [over_bound(cells, row, col) for col in cols]
+            lines.append(f"| {row} | " + " | ".join("-" if x is None else f"{x:.2f}" for x in over) + " |")
     return "\n".join(lines), ch
 
 
@@ -481,7 +490,7 @@ def plot(test: list[Result], choices: dict[str, Choice], path, ours: str = "flas
                 ax.plot(*zip(*line), style, color="gray", lw=1, label=f"{name} frontier" if fam == fams[0] else None)
         for row in rows:
             c = cells.get((row, fam))
-            if c is None or row == "oracle" or "@" in row and row.split("@")[0] in CLAIRVOYANTS:
+            if c is None or row == "oracle" or _frontier_label(row):
                 continue
             base = row.split("@")[0].removesuffix("-tuned").removesuffix("-equal")
             marker = "*" if row == "bound" else "s" if row.endswith("-tuned") else "^" if row.endswith("-equal") else "o"
@@ -522,12 +531,7 @@ def over_frontier(runs: list[Result], ours: str = "flashserve") -> dict[str, flo
     if not any(r.policy == "bound" for r in runs):
         return {}
     _, _, cells = held_out_table(runs, {}, ours)
-    out: dict[str, float | None] = {}
-    for col in train_medians(runs, ours):
-        me = cells[(ours, col)]
-        at = frontier_at(cells, "bound", col, me.attainment)
-        out[col] = None if at is None else me.x_oracle / at
-    return out
+    return {col: over_bound(cells, ours, col) for col in train_medians(runs, ours)}
 
 
 def train_markdown(train: list[Result], ours: str = "flashserve") -> str:
