@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from flashserve_testbed.bench.measures import Result, median
 from flashserve_testbed.bench.policies import PolicySpec
+from flashserve_testbed.bench.runner import CLAIRVOYANTS
 from flashserve_testbed.bench.scenario_file import ScenarioSpec
 from flashserve_testbed.bench.workloads import Scenario
 
@@ -48,7 +49,6 @@ GRIDS: dict[str, tuple[float, ...]] = {
     "static": (0.6, 0.7, 0.85, 1.0, 1.15, 1.3),  # replicas, share of the run's peak need (default 1.0)
 }
 """The baselines' main knob (policies.build's `share`), BUDGET settings each, their defaults among them."""
-CLAIRVOYANTS = ("oracle", "bound")
 FRONTIER = (1.3, 1.15, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
 """`--frontier`: the utilizations (share of the SLA capacity per replica) the clairvoyants also size at,
 besides their own 1: what knowing the future costs at each attainment, with and without start-ups. The
@@ -162,7 +162,7 @@ def train_tasks(scenarios: list[Scenario], settings, ours: PolicySpec = OURS, ba
 
     specs = [ours] + ([sweep_spec(f, v) for f in BASELINES for v in GRIDS[f]] if baselines else [])
     if frontier:
-        specs += [BOUND_SPEC] + [PolicySpec("bound", "sweep", u) for u in FRONTIER]
+        specs += [BOUND_SPEC] + frontier_specs(("bound",))
     out = []
     for sc in scenarios:
         seed = int(sc.name.rsplit("-", 1)[1])
@@ -172,8 +172,14 @@ def train_tasks(scenarios: list[Scenario], settings, ours: PolicySpec = OURS, ba
     return Tasks(out)
 
 
-def frontier_specs() -> list[PolicySpec]:
-    return [PolicySpec(c, "sweep", u) for c in CLAIRVOYANTS for u in FRONTIER]
+def frontier_specs(clairvoyants: tuple[str, ...] = CLAIRVOYANTS) -> list[PolicySpec]:
+    """The clairvoyants sized at every FRONTIER utilization (their own setting, at 1, is run beside them)."""
+    return [PolicySpec(c, "sweep", u) for c in clairvoyants for u in FRONTIER]
+
+
+def frontier_labels(clairvoyant: str) -> list[str]:
+    """A clairvoyant's own label and its labels at every FRONTIER utilization, in FRONTIER's order."""
+    return [clairvoyant] + [s.label for s in frontier_specs((clairvoyant,))]
 
 
 def held_out_tasks(scenarios: list[Scenario], settings, equal: dict[str, PolicySpec], ours: PolicySpec = OURS,
@@ -274,7 +280,7 @@ def held_out_table(test: list[Result], choices: dict[str, Choice], ours: str = "
     order = ["oracle", "bound", ours]
     for f in BASELINES:
         order += [f, f"{f}-tuned", f"{f}-equal"]
-    order += [f"{c}@{u:g}" for c in CLAIRVOYANTS for u in FRONTIER]
+    order += [s.label for s in frontier_specs()]
     rows = [x for x in order if (x, "all") in cells]
     fams = [f for f in GEN_FAMILIES if any(family_of(r.scenario) == f for r in test)]
     return rows, ["all", *fams], cells
@@ -425,7 +431,7 @@ class Floor:
 
 
 def _floor(cells: dict, clairvoyant: str, goal: float) -> Floor:
-    pts = [(label, c.attainment, c.x_oracle) for label in (clairvoyant, *(f"{clairvoyant}@{u:g}" for u in FRONTIER))
+    pts = [(label, c.attainment, c.x_oracle) for label in frontier_labels(clairvoyant)
            if (c := cells.get((label, "all"))) is not None]  # fmt: skip
     ok = [p for p in pts if p[1] >= goal]
     below = [p for p in pts if p[1] < goal]
@@ -467,7 +473,7 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
 def frontier_at(cells: dict, clairvoyant: str, col: str, goal: float) -> float | None:
     """The clairvoyant's median x oracle at attainment `goal` in column `col`, linear between the two of its
     settings whose median attainments bracket it (sorted by attainment); None outside their range."""
-    pts = sorted((c.attainment, c.x_oracle) for label in (clairvoyant, *(f"{clairvoyant}@{u:g}" for u in FRONTIER))
+    pts = sorted((c.attainment, c.x_oracle) for label in frontier_labels(clairvoyant)
                  if (c := cells.get((label, col))) is not None)  # fmt: skip
     for (a0, x0), (a1, x1) in zip(pts, pts[1:]):
         if a0 <= goal <= a1:
@@ -484,8 +490,8 @@ def plot(test: list[Result], choices: dict[str, Choice], path, ours: str = "flas
     fig, axes = plt.subplots(1, len(fams), figsize=(3.3 * len(fams), 3.6), squeeze=False)
     for ax, fam in zip(axes[0], fams):
         for name, style in (("bound", "-"), ("oracle", ":")):
-            line = sorted((c.x_oracle, c.attainment * 100) for u in (1.0, *FRONTIER)
-                          if (c := cells.get((name if u == 1.0 else f"{name}@{u:g}", fam))) is not None)  # fmt: skip
+            line = sorted((c.x_oracle, c.attainment * 100) for label in frontier_labels(name)
+                          if (c := cells.get((label, fam))) is not None)  # fmt: skip
             if len(line) > 1:  # --frontier: what knowing the future buys at each utilization
                 ax.plot(*zip(*line), style, color="gray", lw=1, label=f"{name} frontier" if fam == fams[0] else None)
         for row in rows:

@@ -108,7 +108,8 @@ def _workload(sc: Scenario, seed: int, settings: Settings) -> Workload | fluid.F
 
 
 def clairvoyant_utilization(spec: PolicySpec | None) -> float | None:
-    """The utilization a clairvoyant's sweep setting sizes at (`--frontier`); None: not one, or at 1."""
+    """The utilization a clairvoyant's sweep setting sizes at (`--frontier`); None for every other setting,
+    the clairvoyants' own (at 1) included."""
     if spec is None or spec.family not in CLAIRVOYANTS or spec.variant != "sweep":
         return None
     return spec.share
