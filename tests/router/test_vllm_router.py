@@ -272,6 +272,24 @@ def test_any_client_of_the_api_port_can_add_and_remove_workers(engines, tmp_path
         router.stop()
 
 
+def test_the_wasm_middleware_cannot_guard_the_worker_routes(engines, tmp_path, vllm_router_bin):
+    """0.1.17's `--wasm-middleware` (a WebAssembly component the router calls on each request of the routes
+    named) would be the place inside the router to refuse the worker routes to clients, but it takes only the
+    inference routes: named with `/add_worker`, the router refuses to start. An empty module is enough to show
+    it: the routes are checked before the module is read, once the workers are healthy."""
+    module = tmp_path / "empty.wasm"
+    module.write_bytes(b"")
+    cmd = [str(vllm_router_bin), "--host", "127.0.0.1", "--port", str(free_port()), "--prometheus-host", "127.0.0.1",
+           "--prometheus-port", str(free_port()), "--worker-urls", engines[0].url, "--wasm-middleware", str(module),
+           "--wasm-middleware-route", "/add_worker"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    out = refused.stdout + refused.stderr
+    assert refused.returncode != 0, out[-2000:]
+    assert "unsupported wasm middleware route `/add_worker`" in out, out[-2000:]
+    supported = out.split("supported routes:", 1)[1].splitlines()[0]
+    assert "/v1/chat/completions" in supported and "worker" not in supported, supported
+
+
 def test_engines_without_the_render_route_leave_cache_aware_without_tokens(tmp_path, vllm_router_bin):
     """What a plain `vllm serve` (no --enable-scale-out) gives the router: render answers 403, and 0.1.17 does
     not fall back to /tokenize then (it does on a 404), so cache_aware routes without the prompt's tokens."""
