@@ -52,6 +52,34 @@ def test_round_trips_through_json_and_tolerates_junk():
         assert PeakMemory.from_dict(junk) == PeakMemory()
 
 
+def _memory(readings, window=WINDOW):
+    m = PeakMemory()
+    for t, v in readings:
+        m = m.update(t, v, window)
+    return m
+
+
+def test_a_burst_inside_the_window_is_a_rise_and_a_decline_is_not():
+    # a day's decline, with noise inside the crowd band: no rise
+    decline = [(t, 1000.0 - 0.4 * t + (60.0 if (t // 15) % 2 else 0.0)) for t in range(0, 1600, 15)]
+    assert not _memory(decline).rose(1585.0, WINDOW)
+    # level load with its noise: no rise
+    level = [(float(t), 400.0 + (80.0 if (t // 15) % 3 == 0 else 0.0)) for t in range(0, 1600, 15)]
+    assert not _memory(level).rose(1585.0, WINDOW)
+    # a burst to twice the load after the first bucket: a rise, for as long as a bucket before it is in the window
+    burst = [(float(t), 800.0 if 500 <= t < 620 else 400.0) for t in range(0, 1600, 15)]
+    assert _memory(burst).rose(1585.0, WINDOW)
+    # once the window starts at the burst, what is left only fell
+    later = _memory(burst + [(float(t), 400.0) for t in range(1600, 2200, 15)])
+    assert not later.rose(2185.0, WINDOW)
+
+
+def test_a_rise_within_the_noise_band_is_not_a_rise():
+    just_below = [(0.0, 400.0), (300.0, 400.0 / FALL - 1.0)]
+    assert not _memory(just_below).rose(300.0, WINDOW)
+    assert _memory([(0.0, 400.0), (300.0, 400.0 / FALL + 1.0)]).rose(300.0, WINDOW)
+
+
 # ------------------------------------------------------------------------------------------ recurrence
 
 HORIZON = 3600.0

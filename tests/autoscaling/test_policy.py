@@ -372,6 +372,36 @@ def test_release_keeps_what_the_recent_peak_needed():
     assert first is not None and first <= 240 + off.down_delay_s + 2 * off.evaluation_interval_s
 
 
+def _first_release_after(cfg, load, after: float, until: float = 4800.0):
+    """The time of the first release at or after `after` s, the fleet following each decision at once."""
+    counts, state, t = ReplicaCounts(desired=5, ready=5), PolicyState(), 0.0
+    while t < until:
+        d = run(t, load(t), counts, cfg=cfg, state=state)
+        state = d.state
+        if d.apply:
+            if d.desired < d.current and t >= after:
+                return t
+            counts = ReplicaCounts(desired=d.desired, ready=d.desired)
+        t += cfg.evaluation_interval_s
+    return None
+
+
+def test_peak_needs_rise_lets_a_crowd_that_outlasted_the_window_go_after_one_start_up():
+    # 5-minute start-ups, so a 20-minute peak memory. A crowd of 4.5 replicas' worth for 30 minutes, then 1.5:
+    # the window after the drop holds no rise, only the crowd's level and its end.
+    cfg = replace(CFG, replica_startup_s=300.0)
+    crowd = lambda t: 4.5 * CAP if t < 1800.0 else 1.5 * CAP  # noqa: E731
+    held = _first_release_after(cfg, crowd, 1800.0)
+    assert held is not None and held >= 1800.0 + cfg.peak_window_s - cfg.peak_window_s / 8
+    early = _first_release_after(replace(cfg, peak_needs_rise=True), crowd, 1800.0)
+    slack = 2 * cfg.evaluation_interval_s
+    assert early is not None and early <= 1800.0 + cfg.replica_startup_s + cfg.down_delay_s + slack
+    # a burst that began inside the window is a rise: held for the whole window, as without the knob
+    burst = lambda t: 4.5 * CAP if 600.0 <= t < 840.0 else 1.5 * CAP  # noqa: E731
+    kept = _first_release_after(replace(cfg, peak_needs_rise=True), burst, 840.0)
+    assert kept is not None and kept >= 600.0 + cfg.peak_window_s - cfg.peak_window_s / 8
+
+
 def _bursty(cfg, until=6000.0, period=1200.0):
     """Bursts of 4.5 replicas' worth for 3 minutes every `period` s over 1.5 replicas' worth; the fleet
     follows the decisions at once. Returns the releases (time, replicas), the last decision and the

@@ -39,6 +39,17 @@ class PeakMemory:
     def peak(self, now: float, window_s: float) -> float:
         return max((v for t, v in self.buckets if t > now - window_s and t <= now), default=0.0)
 
+    def rose(self, now: float, window_s: float) -> bool:
+        """Whether demand rose within the window: a bucket's high above the lowest high before it by more than
+        the noise band of a crowd (1 / FALL). A window that only fell or stayed level holds no burst to wait for."""
+        low = math.inf
+        for t, v in self.buckets:
+            if now - window_s < t <= now:
+                if v * FALL > low:
+                    return True
+                low = min(low, v)
+        return False
+
     def to_dict(self) -> list[list[float]]:
         return [[_sig(t, 12), _sig(v, 6)] for t, v in self.buckets]
 

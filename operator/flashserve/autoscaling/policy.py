@@ -208,6 +208,12 @@ class PolicyConfig:
     coming back (peak.Recurrence): at least RECURRENCE_MARGIN x the longest recent gap, at most this long.
     With short start-ups four of them end before the next burst, and what is released then is a start-up
     and a metrics window late for it."""
+    peak_needs_rise: bool = False
+    """Off by default. While peak_memory_s is None, a peak memory window in which demand did not rise
+    (peak.PeakMemory.rose: it only fell or stayed level, as through a day's decline or after a crowd that
+    outlasted the window) keeps its peak for one start-up time only; a window holding a rise (a burst, a crowd
+    that began inside it) keeps it for the whole window. Measured on the train set, not shipped:
+    docs/autoscaling-benchmark.md, "Against the frontier on the train set"."""
     trend_horizon_s: float | None = None
     """How far ahead a rising demand trend is projected when sizing the fleet; None: trend_horizon_startups x
     replica_startup_s (what is ordered now serves from then on), 0: no projection."""

@@ -148,7 +148,8 @@ class Demand:
     peaks: PeakMemory
     recurrence: Recurrence
     peak_window_s: float
-    """The peak memory this evaluation: start-up-based, or longer to outlast bursts that keep coming back."""
+    """The peak memory this evaluation: start-up-based, longer to outlast bursts that keep coming back, or one
+    start-up time where demand did not rise within the window (peak_needs_rise)."""
     recent_peak: float
     required: int
     """Replicas the planned demand needs at the scale-up utilization."""
@@ -406,13 +407,16 @@ def plan_demand(
         gap = recurrence.gap(now, cfg.peak_recurrence_s)
     window = cfg.peak_window_for(gap)
     peaks = state.peaks.update(now, held, window) if remember else state.peaks
+    memory = window
+    if cfg.peak_needs_rise and cfg.peak_memory_s is None and not peaks.rose(now, window):
+        memory = min(window, cfg.replica_startup_s)
     return Demand(
         trend=trend,
         planned=planned,
         peaks=peaks,
         recurrence=recurrence,
-        peak_window_s=window,
-        recent_peak=peaks.peak(now, window),
+        peak_window_s=memory,
+        recent_peak=peaks.peak(now, memory),
         required=replicas_for(planned, capacity, cfg.scale_up_utilization),
     )
 
