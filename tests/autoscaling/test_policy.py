@@ -21,6 +21,8 @@ from flashserve.autoscaling import policy as P
 from flashserve.autoscaling import reasons as R
 from flashserve.autoscaling import steps as S
 from flashserve.autoscaling.capacity import capacity_through, prior_users_per_replica
+from flashserve.autoscaling.peak import PeakMemory
+from flashserve.autoscaling.trend import DemandTrend
 
 from .toy import Fleet, curve, snapshot
 
@@ -400,6 +402,24 @@ def test_peak_needs_rise_lets_a_crowd_that_outlasted_the_window_go_after_one_sta
     burst = lambda t: 4.5 * CAP if 600.0 <= t < 840.0 else 1.5 * CAP  # noqa: E731
     kept = _first_release_after(replace(cfg, peak_needs_rise=True), burst, 840.0)
     assert kept is not None and kept >= 600.0 + cfg.peak_window_s - cfg.peak_window_s / 8
+
+
+def test_peak_skip_fall_keeps_a_steep_fall_out_of_the_peak_memory():
+    # A demand trend falling 2 requests a second (a backlog draining at the SLA speed) meets a reading of 600
+    # requests: over a 5-minute start-up the trend projects a fall of 600, all of it, so with the knob the
+    # reading is not remembered, and the memory keeps the level it had; a slow fall is remembered as before.
+    cfg = replace(CFG, replica_startup_s=300.0)
+    load = S.Load(running=600.0, waiting=0.0, sessions=0.0, demand=600.0, concurrency=100.0, concurrency_now=100.0,
+                  speed=cfg.sla_tokens_per_s, kv_usage=None, ttft_s=None, window_clean=True)  # fmt: skip
+    before = PeakMemory().update(0.0, 200.0, cfg.peak_window_s)
+
+    def remembered(c, trend_per_s):
+        state = PolicyState(peaks=before, demand=DemandTrend(level=640.0, trend=trend_per_s, noise=50.0, t=45.0))
+        return S.plan_demand(c, 60.0, load, CAP, state).recent_peak
+
+    assert remembered(cfg, -2.0) == 600.0
+    assert remembered(replace(cfg, peak_skip_fall=0.5), -2.0) == 200.0
+    assert remembered(replace(cfg, peak_skip_fall=0.5), -0.5) == 600.0  # a fall of 150 in a start-up: kept
 
 
 def _bursty(cfg, until=6000.0, period=1200.0):

@@ -98,6 +98,7 @@ _KNOB_RANGES: dict[str, tuple[float, bool, float | None]] = {
     "peak_queue_max_ratio": (0.0, False, None),
     "peak_window_startups": (0.0, False, None),
     "peak_recurrence_s": (0.0, False, None),
+    "peak_skip_fall": (0.0, False, None),
     "trend_horizon_s": (0.0, False, None),
     "trend_horizon_startups": (0.0, False, None),
     "trend_lead_s": (0.0, False, None),
@@ -208,6 +209,12 @@ class PolicyConfig:
     coming back (peak.Recurrence): at least RECURRENCE_MARGIN x the longest recent gap, at most this long.
     With short start-ups four of them end before the next burst, and what is released then is a start-up
     and a metrics window late for it."""
+    peak_skip_fall: float | None = None
+    """Off (None) by default. The peak memory skips a reading while the demand trend projects a fall of more
+    than this share of the remembered demand within one start-up time: after an overload the fleet drains the
+    backlog at the SLA speed, and remembered, that drain holds replicas users do not need; a falling reading
+    is never the level a next burst needs. Measured on the train set, not shipped:
+    docs/autoscaling-benchmark.md, "Against the frontier on the train set"."""
     peak_needs_rise: bool = False
     """Off by default. While peak_memory_s is None, a peak memory window in which demand did not rise
     (peak.PeakMemory.rose: it only fell or stayed level, as through a day's decline or after a crowd that

@@ -406,6 +406,8 @@ def plan_demand(
             recurrence = recurrence.update(now, held, cfg.peak_recurrence_s, cfg.peak_window_s)
         gap = recurrence.gap(now, cfg.peak_recurrence_s)
     window = cfg.peak_window_for(gap)
+    if cfg.peak_skip_fall is not None and trend.trend * cfg.replica_startup_s < -cfg.peak_skip_fall * held:
+        remember = False
     peaks = state.peaks.update(now, held, window) if remember else state.peaks
     memory = window
     if cfg.peak_needs_rise and cfg.peak_memory_s is None and not peaks.rose(now, window):
