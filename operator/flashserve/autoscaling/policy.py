@@ -211,7 +211,7 @@ class PolicyConfig:
     and a metrics window late for it."""
     peak_skip_fall: float | None = None
     """Off (None) by default. The peak memory skips a reading while the demand trend projects a fall of more
-    than this share of the remembered demand within one start-up time: after an overload the fleet drains the
+    than this share of the reading within one start-up time: after an overload the fleet drains the
     backlog at the SLA speed, and remembered, that drain holds replicas users do not need; a falling reading
     is never the level a next burst needs. Measured on the train set, not shipped:
     docs/autoscaling-benchmark.md, "Against the frontier on the train set"."""
