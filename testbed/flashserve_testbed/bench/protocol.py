@@ -348,7 +348,7 @@ def checks(test: list[Result], choices: dict[str, Choice], rows: list[str], cols
         if me is None:
             continue
         for row in rows:
-            if row == ours or row.split("@")[0] in CLAIRVOYANTS:
+            if row == ours or _clairvoyant_row(row):
                 continue
             c = cells.get((row, col))
             if c and c.attainment > me.attainment and c.x_oracle < me.x_oracle:
@@ -387,6 +387,16 @@ def _frontier_label(label: str) -> bool:
     """A clairvoyant sized at a FRONTIER utilization (a baseline's sweep setting is labelled alike)."""
     name, _, u = label.partition("@")
     return name in CLAIRVOYANTS and u != ""
+
+
+def _clairvoyant_row(label: str) -> bool:
+    """A clairvoyant's row, at its own setting or at a FRONTIER utilization: never a baseline to rank."""
+    return label.partition("@")[0] in CLAIRVOYANTS
+
+
+def _frontier_cells(cells: dict, clairvoyant: str, col: str) -> list[tuple[str, object]]:
+    """(label, cell) of the clairvoyant's settings that have a cell in column `col`, in frontier_labels' order."""
+    return [(label, c) for label in frontier_labels(clairvoyant) if (c := cells.get((label, col))) is not None]
 
 
 def over_bound(cells: dict, row: str, col: str) -> float | None:
@@ -431,8 +441,7 @@ class Floor:
 
 
 def _floor(cells: dict, clairvoyant: str, goal: float) -> Floor:
-    pts = [(label, c.attainment, c.x_oracle) for label in frontier_labels(clairvoyant)
-           if (c := cells.get((label, "all"))) is not None]  # fmt: skip
+    pts = [(label, c.attainment, c.x_oracle) for label, c in _frontier_cells(cells, clairvoyant, "all")]
     ok = [p for p in pts if p[1] >= goal]
     below = [p for p in pts if p[1] < goal]
     return Floor(clairvoyant, min(ok, key=lambda p: (p[2], -p[1])) if ok else None,
@@ -463,7 +472,7 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
                        "outside their range). 1.00 is what knowing the future buys; lower is better:"), "",
                   "| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]  # fmt: skip
         for row in rows:
-            if row.split("@")[0] in CLAIRVOYANTS:
+            if _clairvoyant_row(row):
                 continue
             over = [over_bound(cells, row, col) for col in cols]
             lines.append(f"| {row} | " + " | ".join("-" if x is None else f"{x:.2f}" for x in over) + " |")
@@ -473,8 +482,7 @@ def markdown(test: list[Result], train_goal: float, choices: dict[str, Choice],
 def frontier_at(cells: dict, clairvoyant: str, col: str, goal: float) -> float | None:
     """The clairvoyant's median x oracle at attainment `goal` in column `col`, linear between the two of its
     settings whose median attainments bracket it (sorted by attainment); None outside their range."""
-    pts = sorted((c.attainment, c.x_oracle) for label in frontier_labels(clairvoyant)
-                 if (c := cells.get((label, col))) is not None)  # fmt: skip
+    pts = sorted((c.attainment, c.x_oracle) for _, c in _frontier_cells(cells, clairvoyant, col))
     for (a0, x0), (a1, x1) in zip(pts, pts[1:]):
         if a0 <= goal <= a1:
             return x0 if a1 == a0 else x0 + (x1 - x0) * (goal - a0) / (a1 - a0)
@@ -490,8 +498,7 @@ def plot(test: list[Result], choices: dict[str, Choice], path, ours: str = "flas
     fig, axes = plt.subplots(1, len(fams), figsize=(3.3 * len(fams), 3.6), squeeze=False)
     for ax, fam in zip(axes[0], fams):
         for name, style in (("bound", "-"), ("oracle", ":")):
-            line = sorted((c.x_oracle, c.attainment * 100) for label in frontier_labels(name)
-                          if (c := cells.get((label, fam))) is not None)  # fmt: skip
+            line = sorted((c.x_oracle, c.attainment * 100) for _, c in _frontier_cells(cells, name, fam))
             if len(line) > 1:  # --frontier: what knowing the future buys at each utilization
                 ax.plot(*zip(*line), style, color="gray", lw=1, label=f"{name} frontier" if fam == fams[0] else None)
         for row in rows:
