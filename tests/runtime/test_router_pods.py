@@ -268,3 +268,23 @@ def test_the_runtime_rewrites_a_running_routers_token_file_when_it_is_due_and_re
     runtime.engines.clear()
     asyncio.run(runtime.refresh_tokens())
     assert runtime.token_due == {}, "a gone router's entry goes"
+
+
+def test_router_pods_can_be_pointed_at_another_api_server_url_and_only_a_loopback_one(tmp_path, capsys):
+    """The e2e tests put a relay they can hold between the router pods and the API server."""
+    from flashserve_testbed.runtime import cli
+
+    api = FakeAPI(router_pod(), [], [])
+    settings = RuntimeSettings(launch=LaunchSettings(engine_bin="/x"), log_dir=tmp_path / "logs",
+                               router_api_server="https://127.0.0.1:7443")  # fmt: skip
+    path = tmp_path / "r.kubeconfig"
+    asyncio.run(Runtime(api, settings)._router_prepare(api.pod, path)())
+    assert yaml.safe_load(path.read_text())["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:7443"
+
+    for url in ("https://10.0.0.1:6443", "https://127.0.0.1", "ftp://127.0.0.1:21", "https://api.example.com:443"):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["--router-api-server", url])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--router-api-server {url!r}: expected http(s)://<loopback address>:<port>" in err
+    assert cli.loopback_url("https://127.0.0.1:7443") == "https://127.0.0.1:7443"

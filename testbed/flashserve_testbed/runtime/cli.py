@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from flashserve_testbed.runtime import cpuset
 
@@ -59,8 +61,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--any-node", action="store_true", help="also run pods on nodes that are not KWOK's")
     p.add_argument("--exit-after-api-gone", type=float, default=120.0,
                    help="stop every engine and exit when the API server is unreachable this long (seconds)")
+    p.add_argument("--router-api-server", metavar="URL",
+                   help="the API server URL in router pods' kubeconfigs (default: the runtime's own), e.g. a relay "
+                        "in front of it; a loopback address, with a host the server's certificate names")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def loopback_url(url: str) -> str:
+    """`url` if it is http(s)://<address in 127.0.0.0/8 or localhost>:<port>, else ValueError naming the fix."""
+    try:
+        parts = urlsplit(url)
+        ok = (parts.scheme in ("http", "https") and parts.port is not None
+              and (parts.hostname == "localhost" or ipaddress.ip_address(parts.hostname or "").is_loopback))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"--router-api-server {url!r}: expected http(s)://<loopback address>:<port>; the "
+                         "router pods connect to it, and the local stack reaches nothing off this machine")
+    return url
 
 
 def _resolve(args) -> tuple[str | None, Path | None, Path, Path | None]:
@@ -105,7 +124,7 @@ async def amain(args) -> int:
                             backoff_base=args.restart_backoff),
         namespace=args.namespace, file_sd=file_sd, log_dir=log_dir, any_node=args.any_node,
         api_gone_seconds=args.exit_after_api_gone, startup_model=args.startup_model,
-        cpu_manager_policy=args.cpu_manager_policy,
+        cpu_manager_policy=args.cpu_manager_policy, router_api_server=args.router_api_server,
     )
     runtime = Runtime(api, settings)
     status_server = None
@@ -150,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.time_scale <= 0:
         parser().error("--time-scale must be positive")
+    if args.router_api_server is not None:
+        try:
+            loopback_url(args.router_api_server)
+        except ValueError as e:
+            parser().error(str(e))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -101,13 +101,14 @@ async def write_pod_token(api, pod: dict, path: Path) -> float:
     return refresh_due(requested, answer)
 
 
-async def write_pod_kubeconfig(api, pod: dict, path: Path) -> float:
-    """Request a token for the pod's ServiceAccount, write it and the kubeconfig naming it to `path`. Returns
-    when to request the next token (write_pod_token)."""
+async def write_pod_kubeconfig(api, pod: dict, path: Path, server: str | None = None) -> float:
+    """Request a token for the pod's ServiceAccount, write it and the kubeconfig naming it to `path`, with
+    `server` as the API server's URL (default: the one `api` talks to). Returns when to request the next token
+    (write_pod_token)."""
     due = await write_pod_token(api, pod, path)
     meta = pod["metadata"]
     ns = meta.get("namespace", "default")
     sa = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    doc = kubeconfig(api.host, api.ca_pem(), str(token_path(path)), ns, f"system:serviceaccount:{ns}:{sa}")
+    doc = kubeconfig(server or api.host, api.ca_pem(), str(token_path(path)), ns, f"system:serviceaccount:{ns}:{sa}")
     write_private(path, yaml.safe_dump(doc, sort_keys=False))
     return due

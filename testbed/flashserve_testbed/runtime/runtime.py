@@ -52,6 +52,9 @@ class RuntimeSettings:
     any_node: bool = False  # also pods on real nodes (a kind node has its own kubelet: leave it False there)
     api_gone_seconds: float = 120.0  # give up (and stop every engine) when the API server is gone this long
     credentials_dir: Path | None = None  # router pods' kubeconfigs; None: <log_dir>/../credentials
+    # The API server URL written into router pods' kubeconfigs (default: the runtime's own), e.g. a relay in
+    # front of it that a test can hold to put the routers' pod watch behind while they keep answering.
+    router_api_server: str | None = None
     guard_interval: float = 5.0  # wall seconds between loopback checks while router pods run
     # caches: each engine start pays the phases of the cache state its pod finds (runtime/startup.py); cold:
     # every start is one draw from the profile, as if no cache existed (the runtime's behaviour before).
@@ -363,7 +366,8 @@ class Runtime:
             except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 raise StartRefused(f"cannot check the cluster's addresses: {e}") from None
             try:
-                self.token_due[meta["uid"]] = await credentials.write_pod_kubeconfig(self.api, pod, path)
+                self.token_due[meta["uid"]] = await credentials.write_pod_kubeconfig(self.api, pod, path,
+                                                                                 self.settings.router_api_server)
             except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError) as e:
                 raise StartRefused(f"no token for ServiceAccount "
                                    f"{(pod.get('spec') or {}).get('serviceAccountName') or 'default'}: {e}") from None
