@@ -1,13 +1,15 @@
-"""Helpers for e2e tests: the operator as a separate process, polling, and reading objects."""
+"""Helpers for e2e tests: the operator as a separate process, polling, reading objects, and a relay a test can hold."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -156,6 +158,61 @@ def stop_runtime(runtime: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(runtime.pid, signal.SIGKILL)
         runtime.wait(timeout=10)
+
+
+class HoldableRelay:
+    """A TCP relay from 127.0.0.1:<port> to one upstream address whose traffic a test can hold: while held it
+    moves no byte either way, so a client's long-lived stream (an API watch) stands still while the client
+    process itself runs and answers. Released, the bytes held flow on in order."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream = upstream
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self) -> None:
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._flowing.set()
+        for sock in [self._server, *self._sockets]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self._flowing.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 def wait_established(kubectl, crd: str, timeout: float = 60) -> None:

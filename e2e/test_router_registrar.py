@@ -3,7 +3,8 @@ its workers kept by the operator (controller/router_workers.py). The router pods
 engines, a session stays on one rank, a worker a client posts is taken out again, and a scale-down under load
 takes the drained group's ranks out of the routers before its pods go, cutting no stream. An idle group waits
 for a router pod that does not answer (its process stopped) before it goes, under `rendezvous_hash` and under
-the default `consistent_hash`, whose routers discover the pods and are only read by the operator.
+the default `consistent_hash`, whose routers discover the pods and are only read by the operator; and, under
+`consistent_hash`, for routers that answer but whose pod watch is behind (their API traffic held in a relay).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import urllib.request
 import pytest
 import yaml
 
-from e2e.support import OperatorProcess, fresh_namespace, start_runtime, stop_runtime, wait_until
+from e2e.support import HoldableRelay, OperatorProcess, fresh_namespace, start_runtime, stop_runtime, wait_until
 from e2e.test_serving_path import _finish, _start_load, _statefulsets
 
 pytestmark = pytest.mark.timeout(300)
@@ -58,7 +59,19 @@ def _engine_ranks(kubectl, namespace: str, serving: str = SERVING) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def hrw_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_path_factory):
+def api_relay(external_cluster):
+    """A relay between the module's router pods and the API server, passing everything until a test holds it."""
+    from urllib.parse import urlsplit
+
+    server = urlsplit(yaml.safe_load(external_cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"])
+    relay = HoldableRelay((server.hostname, server.port))
+    # The relay's host is the server's own, so the server's certificate still names it.
+    yield relay, f"{server.scheme}://{server.hostname}:{relay.port}"
+    relay.close()
+
+
+@pytest.fixture(scope="module")
+def hrw_stack(external_cluster, kube, kubectl, crd_installed, router_url, api_relay, tmp_path_factory):
     from kubernetes import client
 
     info = external_cluster
@@ -66,7 +79,7 @@ def hrw_stack(external_cluster, kube, kubectl, crd_installed, router_url, tmp_pa
     logs = tmp_path_factory.mktemp("router-registrar")
     operator = OperatorProcess(info.kubeconfig, namespace, logs, resync=3).start()
     runtime = start_runtime(info, namespace, logs, "--time-scale", "1", "--startup-seconds", "3",
-                            "--probe-interval", "0.5")  # fmt: skip
+                            "--probe-interval", "0.5", "--router-api-server", api_relay[1])  # fmt: skip
     try:
         operator.wait_serving()
         cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
@@ -232,6 +245,59 @@ def _idle_group_waits_for_a_stopped_router(kubectl, namespace: str, serving: str
     print(f"\n{serving}: an idle group waited {waited:.1f}s for a stopped router; lastDrains: {drain}")
     assert drain["endedBy"] == "Idle" and "routersBehind" not in drain
     assert set(_workers(bases[0])) == _engine_ranks(kubectl, namespace, serving)
+
+
+def test_an_idle_group_waits_for_routers_whose_pod_watch_is_behind(hrw_stack, api_relay, kubectl):
+    """Both router pods run and answer, but the relay holds their API traffic, so their pod watch does not see
+    the group leave routing: they still list its ranks, and the idle group stays past the settle time until
+    the watch catches up (docs/drain.md, step 2)."""
+    namespace, _, _ = hrw_stack
+    relay, _ = api_relay
+    serving = "lag"
+    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+          "metadata": {"name": serving, "namespace": namespace},
+          "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "rollout": {"drainSeconds": 120},
+                   "routing": {"policy": "consistent_hash"}}}  # fmt: skip
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+    try:
+        wait_until(lambda: int((_dss(kubectl, namespace, serving).get("status") or {}).get("readyReplicas") or 0)
+                   == 2, 120, interval=1, what="2 ready groups")  # fmt: skip
+        bases = _router_bases(kubectl, namespace, serving)
+        assert len(bases) == 2
+        for base in bases:
+            wait_until(lambda: len(_workers(base)) == 8, 30, interval=0.5, what=f"{base} lists both groups")
+        time.sleep(max(0.0, 31 - _router_age(kubectl, namespace, serving)))  # past the start-up grace
+        relay.hold()
+        try:
+            kubectl("patch", "dss", serving, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
+            t0 = time.monotonic()
+            wait_until(lambda: (_dss(kubectl, namespace, serving).get("status") or {}).get("drainingGroups"), 30,
+                       interval=0.5, what="group 1 draining")  # fmt: skip
+            time.sleep(15)  # idle engines, well past the 5 s settle time and several 2-s polls
+            listed = {base: len(_workers(base)) for base in bases}
+            assert listed == {base: 8 for base in bases}, f"the routers' watch was not held: {listed}"
+            assert len(_pods(kubectl, namespace, "engine", serving)) == 2, "an idle group went while routers listed it"
+            events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
+                                        "reason=RouterWorkersUnsynced", "-o", "json").stdout)["items"]  # fmt: skip
+            mine = [e["message"] for e in events if e["involvedObject"]["name"] == serving]
+            assert any("its pod watch is behind" in m and "drains of this serving wait for it" in m for m in mine), mine
+        finally:
+            relay.release()
+        held = time.monotonic() - t0
+        wait_until(lambda: len(_pods(kubectl, namespace, "engine", serving)) == 1, 60, interval=0.5,
+                   what="group 1 deleted once the routers' watch caught up")  # fmt: skip
+        waited = time.monotonic() - t0
+        (drain,) = _dss(kubectl, namespace, serving)["status"]["lastDrains"]
+        print(f"\n{serving}: an idle group waited {waited:.1f}s for routers whose watch was held {held:.1f}s; "
+              f"lastDrains: {drain}")
+        assert drain["endedBy"] == "Idle" and "routersBehind" not in drain
+        for base in bases:
+            assert set(_workers(base)) == _engine_ranks(kubectl, namespace, serving)
+    finally:
+        relay.release()
+        kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
+        wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
+                   what=f"{serving}'s engines gone")  # fmt: skip
 
 
 def test_a_one_group_rollout_under_load_keeps_a_worker_in_every_router_and_fails_no_stream(hrw_stack, kubectl):
