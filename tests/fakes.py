@@ -68,6 +68,7 @@ class FakeKube:
         self.requests = 0
         self.router_pods = False  # also show the router Deployments' pods (Running, ready, 10.65.0.0/16)
         self.router_started_at: float | None = None  # their router container's start (None: not in the status)
+        self.engine_ready_at: float | None = None  # when ready engine pods turned Ready (None: not in the status)
         # Pods are made from their StatefulSet at each look; what was patched onto one lives here until it is
         # deleted (then the StatefulSet makes it again, with a new uid and its template's labels).
         self.pod_meta: dict[str, dict] = {}  # pod -> {"labels": ..., "annotations": ...}
@@ -216,11 +217,13 @@ class FakeKube:
                     pod = f"{name}-{k}"
                     meta = self.pod_meta.get(pod, {"labels": {}, "annotations": {}})
                     routing = meta["labels"].get(ROUTING_LABEL, template.get(ROUTING_LABEL, ROUTING_SERVE))
+                    ready_at = self.engine_ready_at if name not in self.unready else None
                     out.pods.append(PodView(pod, group, h, name not in self.unready, False, "Running", False, 0,
                                             "node", routing=routing,
                                             drain_since=meta["annotations"].get(DRAIN_SINCE_ANNOTATION, ""),
                                             ip=self.pod_ip(name, k), uid=self.pod_uid(pod),
-                                            owner_uid=obj["metadata"]["uid"]))  # fmt: skip
+                                            owner_uid=obj["metadata"]["uid"],
+                                            ready_at=ready_at))  # fmt: skip
             if kind == "Deployment" and self.router_pods:
                 for k in range(obj["spec"]["replicas"]):
                     out.pods.append(PodView(f"{name}-5d8f9c7b4-r{k}", -1, "", True, False, "Running", False, 0, "node",

@@ -288,7 +288,8 @@ def test_operator_reaches_engines_only_to_read_a_draining_group():
     Prometheus; the one connection it makes to an engine is the drain's (GET /metrics of a draining group,
     docs/drain.md), so the engine policy must let the operator's namespace reach the API port. Guard that this
     stays the only one: only reconciler.py names the engine port (for its probe, and for the engine URLs it
-    registers with a router or looks for in a router's list, which it sends or compares and never opens), only
+    registers with a router, looks for in a router's list or asks a router to add back, which it sends or
+    compares and never opens), only
     engine_metrics.py and router_workers.py (to the router pods' port) open HTTP connections, and nothing
     names the data-parallel RPC port."""
     from pathlib import Path
@@ -303,8 +304,9 @@ def test_operator_reaches_engines_only_to_read_a_draining_group():
         if path.name not in ("engine_metrics.py", "router_workers.py"):
             assert "urllib.request" not in text and "http.client" not in text, f"{path.name} opens connections"
     probe = (Path(controller.__file__).parent / "reconciler.py").read_text()
-    assert probe.count("engine.port") == 3 and "self._probe(mine, spec.engine.port)" in probe
+    assert probe.count("engine.port") == 4 and "self._probe(mine, spec.engine.port)" in probe
     assert "desired_workers(mine, spec.engine.port," in probe and "out_of_routing(mine, spec.engine.port," in probe
+    assert "port, now, networks = spec.engine.port," in probe and "discovery_repair(urls, mine, port," in probe
     registrar = (Path(controller.__file__).parent / "router_workers.py").read_text()
     assert registrar.count("self._opener.open(") == 1 and "router_targets(" not in probe.replace(
         "router_targets(mine, spec.routing.port, self.engine_networks)", ""), "routers are asked on routing.port only"

@@ -11,11 +11,14 @@ from flashserve.controller.drain import DRAIN_SETTLE_S, parse_networks
 from flashserve.controller.observe import Observed, PodView
 from flashserve.controller.reconciler import RECENT_WRITE_S
 from flashserve.controller.router_workers import (
+    REPAIR_GRACE_S,
+    Repair,
     RouterUnreachable,
     RouterWorkersClient,
     Sync,
     Worker,
     desired_workers,
+    discovery_repair,
     listed_workers,
     out_of_routing,
     router_targets,
@@ -92,6 +95,7 @@ class FakeRouters:
         self.fail, self.refuse = fail, refuse
         self.listing = listing or {}  # base -> the worker URLs a discovering router pod lists
         self.reads: list[str] = []
+        self.repairs: list[tuple[str, Repair]] = []
 
     def _answer(self, base: str) -> None:
         if base in self.fail:
@@ -103,6 +107,13 @@ class FakeRouters:
         self.reads.append(base)
         self._answer(base)
         return list(self.listing.get(base, []))
+
+    def repair(self, base: str, steps, budget_s: float) -> Repair:
+        self.reads.append(base)
+        self._answer(base)
+        done = steps(list(self.listing.get(base, [])))
+        self.repairs.append((base, done))
+        return done
 
     def sync(self, base: str, desired: set, policy: str, budget_s: float | None = None) -> Sync:
         self.calls.append((base, frozenset(desired), policy))
@@ -146,21 +157,69 @@ def test_a_router_pod_that_does_not_answer_is_reported_once_per_streak(events, c
     assert len([e for e in events if e["reason"] == "RouterWorkersUnsynced"]) == 2, "a new streak is reported"
 
 
-def test_under_a_discovery_policy_the_routers_are_only_read_and_only_while_a_pod_is_out_of_routing(events, clock):
+def test_under_a_discovery_policy_a_young_router_pod_is_only_read_at_each_reconcile(events, clock):
     kube = FakeKube()
     kube.router_pods = True
     c = controller(kube)
-    c.router_workers = routers = FakeRouters()
-    status = reconcile(c, kube, body("flash", {"replicas": 2}))
-    status = reconcile(c, kube, body("flash", {"replicas": 2}, status=status))
-    assert routers.reads == [], "steady state: nothing to confirm, no call"
-    clock.advance(RECENT_WRITE_S + 1)
-    status = reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
-    assert routers.reads == [], "the label is written in this reconcile: later than any confirmation now"
-    clock.advance(1)
-    reconcile(c, kube, body("flash", {"replicas": 1}, status=status))
-    assert sorted(routers.reads) == ["http://10.65.0.1:8000", "http://10.65.0.2:8000"]
-    assert routers.calls == [], "the routers' pod watch owns their workers: the operator only reads them"
+    c.router_workers = routers = FakeRouters()  # lists nothing: its watch has not caught up yet
+    status = reconcile(c, kube, body("flash", {"replicas": 2}))  # makes the router Deployment
+    for _ in range(2):
+        status = reconcile(c, kube, body("flash", {"replicas": 2}, status=status))
+    assert sorted(routers.reads) == sorted(["http://10.65.0.1:8000", "http://10.65.0.2:8000"] * 2)
+    assert routers.calls == [] and routers.repairs == [], "its pod watch owns its workers: nothing written"
+    assert not [e for e in events if e["type"] == "Warning"]
+
+
+def test_under_a_discovery_policy_what_a_client_did_to_a_router_pods_workers_is_undone(events, clock):
+    """A pod taken out of the list (POST /remove_worker) comes back, a server a client added goes; a pod that
+    turned Ready within the grace, or is out of routing, is the watch's."""
+    spec = {"replicas": 3}
+    kube, c, status = _settled(clock, spec)
+    kube.router_started_at = clock.time() - 3600
+    groups = sorted(kube.names("StatefulSet"))
+    ip = [kube.pod_ip(g, 0) for g in groups]
+    kube.engine_ready_at = clock.time() - REPAIR_GRACE_S
+    kube.unready = {groups[2]}
+    listing = [f"http://{ip[0]}:8000@{r}" for r in range(4)] + ["http://203.0.113.5:80@0", "http://203.0.113.5:80@1"]
+    full = [f"http://{ip[g]}:8000@{r}" for g in (0, 1) for r in range(4)]
+    c.router_workers = routers = FakeRouters(listing={"http://10.65.0.1:8000": listing, "http://10.65.0.2:8000": full})
+    reconcile(c, kube, body("flash", spec, status=status))
+    repairs = dict(routers.repairs)
+    assert repairs["http://10.65.0.1:8000"].add == (f"http://{ip[1]}:8000",)
+    assert repairs["http://10.65.0.1:8000"].remove == ("http://203.0.113.5:80",)
+    (warned,) = [e for e in events if e["reason"] == "RouterWorkersRepaired"]
+    assert "-r0: added back" in warned["message"] and "removed http://203.0.113.5:80" in warned["message"]
+    assert warned["type"] == "Warning"
+
+    # within the grace, not added; the other router pod, which lists every pod, needs nothing
+    kube.engine_ready_at = clock.time() - REPAIR_GRACE_S + 1
+    routers.repairs.clear()
+    reconcile(c, kube, body("flash", spec, status=status))
+    assert dict(routers.repairs)["http://10.65.0.1:8000"].add == ()
+    assert dict(routers.repairs)["http://10.65.0.2:8000"] == Repair(listed=tuple(full))
+
+
+def test_discovery_repair_keeps_to_the_serving_pods():
+    now = 1000.0
+    old = now - REPAIR_GRACE_S
+    observed = Observed(pods=[
+        _pod("g0-0", "10.0.0.1", ready_at=old),  # listed by rank
+        _pod("g1-0", "10.0.0.2", ready_at=old),  # missing: added back
+        _pod("g2-0", "fd00::7", ready_at=old),  # missing, IPv6
+        _pod("g3-0", "10.0.0.4", routing="drain", ready_at=old),  # out of routing: the watch's; listed, not foreign
+        _pod("g4-0", "10.0.0.5", ready_at=now - 1),  # Ready a moment ago: the watch's
+        _pod("g5-0", "10.0.0.6", ready=False),
+        _pod("g6-0", "192.0.2.7", ready_at=old),  # outside the operator's networks: not added, not foreign
+    ])  # fmt: skip
+    urls = ["http://10.0.0.1:8000@0", "http://10.0.0.1:8000@1", "http://10.0.0.4:8000@0", "http://192.0.2.7:8000@0",
+            "http://203.0.113.5:80@0", "http://203.0.113.5:80@1", "http://10.0.0.1:9000"]
+    got = discovery_repair(urls, observed, 8000, now, parse_networks("10.0.0.0/8,fd00::/8"))
+    assert got.add == ("http://10.0.0.2:8000", "http://[fd00::7]:8000")
+    assert got.remove == ("http://10.0.0.1:9000", "http://203.0.113.5:80")
+    assert got.listed == tuple(urls)
+    full = urls[:4] + ["http://10.0.0.2:8000@0", "http://[fd00::7]:8000@0"]
+    networks = parse_networks("10.0.0.0/8,fd00::/8")
+    assert discovery_repair(full, observed, 8000, now, networks) == Repair(listed=tuple(full))
 
 
 def test_under_a_discovery_policy_a_router_that_still_lists_a_drained_rank_holds_the_drain(events, clock):
@@ -209,9 +268,9 @@ def test_under_a_discovery_policy_the_engine_probe_and_the_router_read_are_in_fl
 
     spec = {"replicas": 2, "rollout": {"drainSeconds": 60}}
     kube, c, status = _settled(clock, spec)
-    c.engines, c.router_workers = SlowEngines(), SlowRouters()
     down = {**spec, "replicas": 1}
     status = reconcile(c, kube, body("flash", down, status=status))  # group 1 out of routing now
+    c.engines, c.router_workers = SlowEngines(), SlowRouters()
     clock.advance(1)
     reconcile(c, kube, body("flash", down, status=status))
     assert c.router_workers.reads and c.engines.asked, "both were asked in this reconcile"

@@ -474,6 +474,45 @@ def test_the_operators_registrar_keeps_an_igw_router_on_the_engines_ranks_and_dr
     assert sum(after[1]) - sum(before[1]) == len(keys)
 
 
+def test_the_operators_repair_undoes_what_a_client_did_to_a_discovering_routers_workers(tmp_path, vllm_router_bin):
+    """controller/router_workers.py's repair against the real binary in its default mode (workers it was given,
+    `--intra-node-data-parallel-size 2`, as under the discovery policies): a client takes one engine out
+    (`POST /remove_worker` with the engine's URL takes all its ranks) and adds a server of its own; the repair
+    adds the engine back by its URL (the router lists its ranks again) and removes the server, and requests
+    reach the serving's engines only."""
+    from flashserve.controller.router_workers import Repair, RouterWorkersClient
+    from flashserve_testbed.router.bench_vllm_router import per_rank
+
+    fleet = mf.start_engines(3, tmp_path / "engines", flags=("--data-parallel-size", "2"), time_scale=10)
+    serving, (foreign,) = fleet[:2], fleet[2:]
+    url = [e.url.rstrip("/") for e in fleet]
+    router = _router(serving, tmp_path, "consistent_hash", extra_args=("--intra-node-data-parallel-size", "2"))
+    client = RouterWorkersClient()
+    try:
+        assert sorted(client.workers(router.base)) == sorted(f"{u}@{r}" for u in url[:2] for r in (0, 1))
+        # One rank by its URL: answered as removed, yet still listed; so the repair works on whole pods.
+        status, text = _post(f"{router.base}/remove_worker?url={urllib.parse.quote(url[0] + '@1', safe='')}")
+        assert status == 200 and "Successfully removed" in text, text
+        assert f"{url[0]}@1" in client.workers(router.base)
+        for route, target in (("remove_worker", url[0]), ("add_worker", url[2])):
+            status, text = _post(f"{router.base}/{route}?url={urllib.parse.quote(target, safe='')}")
+            assert status == 200, text
+        tampered = client.workers(router.base)
+        assert sorted(tampered) == sorted(f"{u}@{r}" for u in url[1:] for r in (0, 1))
+        done = client.repair(router.base, lambda urls: Repair(tuple(urls), add=(url[0],), remove=(url[2],)), 5.0)
+        assert done.failed == () and sorted(done.listed) == sorted(tampered)
+        assert sorted(client.workers(router.base)) == sorted(f"{u}@{r}" for u in url[:2] for r in (0, 1))
+        before = [sum(per_rank(e.metrics(), "vllm:request_success_total")) for e in fleet]
+        for i in range(12):
+            _chat(router.base, f"repaired {i}", {"X-Session-ID": f"s{i}"})
+        after = [sum(per_rank(e.metrics(), "vllm:request_success_total")) for e in fleet]
+    finally:
+        router.stop()
+        mf.stop_all(fleet)
+    assert after[2] == before[2], "the client's server gets no request once removed"
+    assert after[0] > before[0] and after[1] > before[1] and sum(after) - sum(before) == 12
+
+
 def test_argv_binds_loopback_and_passes_the_options():
     opts = RouterOptions(worker_urls=("http://127.0.0.1:8001/", "http://127.0.0.2:8002"), port=30001,
                          prometheus_port=30002, policy="consistent_hash", balance_abs_threshold=4,

@@ -23,10 +23,13 @@ from flashserve.api.v1alpha1 import DeepSeekServing
 from flashserve.clock import iso_ago, now_iso
 from flashserve.controller.api_server import ApiServerAddresses, read_slice
 from flashserve.controller.router_workers import (
+    Repair,
     RouterUnreachable,
     RouterWorkersClient,
     Sync,
+    TIMEOUT_S as ROUTER_CALL_TIMEOUT_S,
     desired_workers,
+    discovery_repair,
     out_of_routing,
     router_targets,
     still_routed,
@@ -313,8 +316,9 @@ class Controller:
         """Confirm, router pod by router pod and off the event loop, that the routers route to the engines that
         take traffic only (router_workers.py). Where the operator keeps the workers it makes each pod's list the
         engines that take traffic, with the pods plan `p` takes out of routing or puts back (so it runs after
-        the plan); under a discovery policy, while any pod is out of routing, it reads each pod's list, before
-        the plan (`p` None), so that a drain may end in the reconcile that confirms it. A router that does not
+        the plan); under a discovery policy it reads each pod's list before the plan (`p` None), so that a
+        drain may end in the reconcile that confirms it, and repairs what the pods' watch never undoes
+        (router_workers.discovery_repair). A router that does not
         answer (or still lists a pod out of routing past the settle time) is asked again at the next reconcile;
         the first failure of a streak is logged and goes out as a Warning event. Once every router pod has
         confirmed, drains may count the group as gone from the routers (drain.routers_behind)."""
@@ -326,14 +330,22 @@ class Controller:
                                       self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
                                       returning=frozenset(pod for pod, _ in p.undrain_pods))  # fmt: skip
 
-            def job(base: str) -> Sync:
+            def job(base: str, pod: str) -> Sync:
                 return self.router_workers.sync(base, desired, spec.routing.policy, ROUTER_SYNC_WAIT_S)
         else:
-            job = self.router_workers.workers
             out = out_of_routing(mine, spec.engine.port, self.engine_networks)
-        # With no pod out of routing there is nothing for a discovering router to have dropped (a pod this plan
-        # labels is out from now on, later than this confirmation): no call in the steady state.
-        targets = [] if not registers and not out else router_targets(mine, spec.routing.port, self.engine_networks)
+            port, now, networks = spec.engine.port, mine.now, self.engine_networks
+            # A router pod that has just started is still listing the pods through its watch: read, not repaired.
+            young = {r.name for r in mine.router_pods
+                     if r.started_at is None or now - r.started_at < ROUTER_START_GRACE_S}  # fmt: skip
+
+            def job(base: str, pod: str) -> Repair:
+                if pod in young:
+                    return Repair(listed=tuple(self.router_workers.workers(base)))
+                # Calls end before the reconcile stops waiting (TIMEOUT_S each), so before the plan it informs.
+                return self.router_workers.repair(base, lambda urls: discovery_repair(urls, mine, port, now, networks),
+                                                  ROUTER_SYNC_WAIT_S - 2 * ROUTER_CALL_TIMEOUT_S)  # fmt: skip
+        targets = router_targets(mine, spec.routing.port, self.engine_networks)
         # One call per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
         # answers slowly must not take the pool one more thread at each reconcile. So a router pod no longer
         # asked (gone, or nothing to confirm) keeps its record, as not behind, until its last call ends.
@@ -348,7 +360,7 @@ class Controller:
         for pod, base in targets:
             rec = self._router_pods.setdefault((namespace, name, pod), RouterPodCalls())
             if rec.call is None or rec.call.done():
-                futures[pod] = rec.call = _router_syncs.submit(job, base)
+                futures[pod] = rec.call = _router_syncs.submit(job, base, pod)
         done: set = set()
         if futures:
             waiting = [asyncio.wrap_future(f) for f in futures.values()]
@@ -375,7 +387,9 @@ class Controller:
                     log.info("%s/%s: router pod %s: registered %s, removed %s", namespace, name, pod,
                              [w.url for w in steps.add], list(steps.remove))  # fmt: skip
             else:
-                stale = still_routed(f.result(), out)
+                repair = f.result()
+                self._report_repair(body, namespace, name, pod, repair)
+                stale = still_routed(list(repair.listed), out)
                 error = None
                 if stale:
                     age = mine.now - min(stale.values())
@@ -403,6 +417,24 @@ class Controller:
         # a discovery policy it is trusted to its pod watch: docs/drain.md, "What a real cluster needs").
         if not any(self._router_pods[k].behind for k in current):
             self._routers_synced[key0] = mine.now
+
+    @staticmethod
+    def _report_repair(body: dict, namespace: str, name: str, pod: str, repair: Repair) -> None:
+        """A Warning event for each repair of a discovering router pod's workers: no event of the cluster takes
+        an engine out of its list or adds a foreign server, so someone used its worker routes."""
+        if not (repair.add or repair.remove or repair.failed):
+            return
+        parts = []
+        if repair.add:
+            parts.append(f"added back {', '.join(repair.add)} (engine pods in routing it did not list)")
+        if repair.remove:
+            parts.append(f"removed {', '.join(repair.remove)} (no engine pod of this serving)")
+        if repair.failed:
+            parts.append(f"could not: {'; '.join(repair.failed)}")
+        message = (f"router pod {pod}: {'; '.join(parts)}. Its worker routes take no credentials: narrow who "
+                   "reaches its port (docs/routing.md, \"Who can steer the router\")")
+        log.warning("%s/%s: %s", namespace, name, message)
+        kopf.event(body, type="Warning", reason="RouterWorkersRepaired", message=message)
 
     def _next_refusal_check(self, key: tuple[str, str]) -> float | None:
         """Seconds until a StatefulSet short of pods is due to be looked into (again), if one is."""

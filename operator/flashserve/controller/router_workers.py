@@ -10,11 +10,16 @@ taken out of routing for a drain, pods that are gone, and any worker a client of
 routes take no credentials: docs/routing.md, "Who can steer the router"). The router adds a worker without asking it
 first, so only Ready engines are registered.
 
-Under the discovery policies the router's pod watch owns its workers. While a group drains, the operator lists
-each router pod's workers (GET /workers) and a drain counts the group as gone from the routers only once none
+Under the discovery policies the router's pod watch owns its workers. At each reconcile the operator lists
+each router pod's workers (GET /workers). A drain counts the group as gone from the routers only once none
 lists a rank of a pod out of routing (still_routed): a router whose watch has stalled would otherwise keep
-sending the idle group requests until its pods go. The operator only reads there; removing a worker itself
-could race the watch re-adding a pod that returns to routing.
+sending the idle group requests until its pods go. The operator leaves the pods out of routing to the watch
+(removing one itself could race the watch re-adding a pod that returns to routing), and repairs what the watch
+never undoes (discovery_repair): the worker routes take no credentials, so a client can take an engine pod out
+of the router's list (POST /remove_worker), which no pod event brings back, or add a server of its own. A Ready
+engine pod in routing that a router pod has not listed for REPAIR_GRACE_S is added back (POST /add_worker
+with the pod's URL: the router lists its ranks again), and a listed worker that is no engine pod of the serving
+is removed (POST /remove_worker with its URL, which takes all its ranks).
 
 The addresses are pod IPs from the API server, never a field of the serving, and a router pod is asked only
 when it is the serving's own (owned(): named after its Deployment) and its IP passes the same check as a
@@ -23,6 +28,7 @@ draining engine's (drain.reachable_host, --engine-networks). No proxy from the e
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import time
@@ -30,8 +36,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from typing import Callable
 
-from flashserve.controller.drain import IPNetwork, out_since, reachable_host
+from flashserve.controller.drain import IPNetwork, engine_address, out_since, reachable_host
 from flashserve.controller.engine_metrics import connection_refused, direct_opener
 from flashserve.controller.observe import Observed
 from flashserve.facts import router as router_facts
@@ -41,6 +48,14 @@ from flashserve.render.naming import ROUTING_SERVE
 # next reconcile (30 s at most) asks again. Short, so one router pod cannot hold its serving's reconcile.
 TIMEOUT_S = 2.0
 MAX_LISTING_BYTES = 16 * 1024 * 1024  # 256 groups x 8 ranks of workers is well under 1 MiB
+
+
+# A Ready engine pod that a discovering router pod has not listed this long after it turned Ready was taken out
+# of its list, or its watch has stalled. Watch delivery takes well under a second; the margin covers an
+# observation that is a reconcile old.
+REPAIR_GRACE_S = 10.0
+ADD_WORKER_PATH = "/add_worker"
+REMOVE_WORKER_PATH = "/remove_worker"
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,34 @@ def sync_steps(listed: dict[str, Worker | None], desired: set[Worker]) -> Sync:
     return Sync(add=tuple(add), remove=tuple(remove))
 
 
+@dataclass(frozen=True)
+class Repair:
+    """What one discovering router pod listed, and the pod URLs the operator added back and removed."""
+
+    listed: tuple[str, ...] = ()
+    add: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()  # the calls that failed, with what happened
+
+
+def discovery_repair(urls: list[str], observed: Observed, port: int, now: float,
+                     networks: tuple[IPNetwork, ...] = ()) -> Repair:  # fmt: skip
+    """For a discovering router pod that lists `urls` (`<pod URL>` or `<pod URL>@<rank>`): the URLs of the
+    Ready engine pods in routing, Ready for REPAIR_GRACE_S, of which it lists no rank (to add), and its listed
+    pod URLs that are no engine pod of the serving (to remove). Pods out of routing are the watch's to drop."""
+    listed = {u.split("@", 1)[0] for u in urls}
+    ours = {f"http://{host}:{port}" for p in observed.pods if p.ip and (host := engine_address(p.ip))}
+    add = set()
+    for p in observed.pods:
+        if p.routing != ROUTING_SERVE or not p.ready or p.terminating:
+            continue
+        if p.ready_at is None or now - p.ready_at < REPAIR_GRACE_S:
+            continue
+        if (host := reachable_host(p, networks)) is not None and f"http://{host}:{port}" not in listed:
+            add.add(f"http://{host}:{port}")
+    return Repair(listed=tuple(urls), add=tuple(sorted(add)), remove=tuple(sorted(listed - ours)))
+
+
 class RouterUnreachable(Exception):
     def __init__(self, message: str, status: int | None = None, refused: bool = False):
         super().__init__(message)
@@ -149,8 +192,9 @@ class RouterWorkersClient:
         self.timeout = timeout
         self._opener = direct_opener()
 
-    def _call(self, method: str, url: str, body: dict | None = None) -> object:
-        data = json.dumps(body).encode() if body is not None else None
+    def _call(self, method: str, url: str, body: dict | None = None, text_answer: bool = False) -> object:
+        """The JSON answer (`text_answer`: the text, as the routes that answer plain text do)."""
+        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         req = urllib.request.Request(url, data, {"content-type": "application/json"} if data else {}, method=method)
         try:
             with self._opener.open(req, timeout=self.timeout) as resp:
@@ -161,6 +205,8 @@ class RouterWorkersClient:
             raise RouterUnreachable(f"{method} {url}: {exc}", refused=connection_refused(exc)) from None
         if len(text) > MAX_LISTING_BYTES:
             raise RouterUnreachable(f"{method} {url}: answer over {MAX_LISTING_BYTES} bytes")
+        if text_answer:
+            return text.decode(errors="replace")
         try:
             return json.loads(text or b"null")
         except ValueError:
@@ -169,6 +215,25 @@ class RouterWorkersClient:
     def workers(self, base: str) -> list[str]:
         """The URLs of the workers the router at `base` lists."""
         return list(listed_workers(self._call("GET", base + router_facts.WORKERS_PATH), ""))
+
+    def repair(self, base: str, steps: Callable[[list[str]], Repair], budget_s: float) -> Repair:
+        """List the workers of the discovering router at `base` and apply `steps(listed URLs)`: add back and
+        remove pods by URL (the router's own routes, which add or remove all of a pod's ranks). No call starts
+        once `budget_s` has passed, so none lands after the caller has stopped waiting and moved on (a pod
+        added back after the plan took it out of routing would hold its drain)."""
+        deadline = time.monotonic() + budget_s
+        repair = steps(self.workers(base))
+        failed = []
+        for path, urls in ((ADD_WORKER_PATH, repair.add), (REMOVE_WORKER_PATH, repair.remove)):
+            for url in urls:
+                if time.monotonic() > deadline:
+                    failed.append(f"POST {base}{path} {url}: not sent, {budget_s:g}s passed")
+                    continue
+                try:
+                    self._call("POST", f"{base}{path}?url={urllib.parse.quote(url, safe='')}", text_answer=True)
+                except RouterUnreachable as exc:  # the listing stands: a failed repair is reported, retried later
+                    failed.append(str(exc))
+        return dataclasses.replace(repair, failed=tuple(failed))
 
     def _post(self, base: str, w: Worker, policy: str) -> None:
         self._call("POST", base + router_facts.WORKERS_PATH,
