@@ -3,8 +3,9 @@ its workers kept by the operator (controller/router_workers.py). The router pods
 engines, a session stays on one rank, a worker a client posts is taken out again, and a scale-down under load
 takes the drained group's ranks out of the routers before its pods go, cutting no stream. An idle group waits
 for a router pod that does not answer (its process stopped) before it goes, under `rendezvous_hash` and under
-the default `consistent_hash`, whose routers discover the pods and are only read by the operator; and, under
-`consistent_hash`, for routers that answer but whose pod watch is behind (their API traffic held in a relay).
+the default `consistent_hash`, whose routers discover the pods themselves; under `consistent_hash` also for
+routers that answer but whose pod watch is behind (their API traffic held in a relay), and what a client did
+to a router's workers (an engine taken out, a stranger added) is undone by the operator.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import signal
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -295,6 +297,44 @@ def test_an_idle_group_waits_for_routers_whose_pod_watch_is_behind(hrw_stack, ap
             assert set(_workers(base)) == _engine_ranks(kubectl, namespace, serving)
     finally:
         relay.release()
+        kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
+        wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
+                   what=f"{serving}'s engines gone")  # fmt: skip
+
+
+def test_under_consistent_hash_the_operator_undoes_what_a_client_did_to_a_routers_workers(hrw_stack, kubectl):
+    """A client of a router pod's port takes one engine pod out of its list and adds another serving's engine;
+    the router's pod watch would never undo either. The operator adds the pod back and removes the stranger
+    within a reconcile, with a Warning event."""
+    namespace, _, _ = hrw_stack
+    serving = "rep"
+    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+          "metadata": {"name": serving, "namespace": namespace},
+          "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "routing": {"policy": "consistent_hash"}}}
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+    try:
+        wait_until(lambda: int((_dss(kubectl, namespace, serving).get("status") or {}).get("readyReplicas") or 0)
+                   == 2, 120, interval=1, what="2 ready groups")  # fmt: skip
+        base = _router_bases(kubectl, namespace, serving)[0]
+        ours = _engine_ranks(kubectl, namespace, serving)
+        wait_until(lambda: set(_workers(base)) == ours, 30, interval=0.5, what=f"{base} lists both groups")
+        time.sleep(max(0.0, 31 - _router_age(kubectl, namespace, serving)))  # past the start-up grace
+        victim = sorted(ours)[0].split("@")[0]
+        stranger = sorted(_engine_ranks(kubectl, namespace))[0].split("@")[0]  # an engine of serving `hrw`
+        for route, url in (("remove_worker", victim), ("add_worker", stranger)):
+            req = urllib.request.Request(f"{base}/{route}?url={urllib.parse.quote(url, safe='')}", b"", method="POST")
+            with _LOCAL.open(req, timeout=30) as resp:
+                assert resp.status == 200
+        t0 = time.monotonic()
+        tampered = set(_workers(base))
+        assert not tampered & {f"{victim}@{r}" for r in range(4)} and f"{stranger}@0" in tampered, tampered
+        wait_until(lambda: set(_workers(base)) == ours, 30, interval=0.2, what="the router's workers repaired")
+        print(f"\n{serving}: a client's removal and addition were undone {time.monotonic() - t0:.1f}s later")
+        events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
+                                    "reason=RouterWorkersRepaired", "-o", "json").stdout)["items"]  # fmt: skip
+        mine = [e["message"] for e in events if e["involvedObject"]["name"] == serving]
+        assert any(f"added back {victim}" in m for m in mine) and any(f"removed {stranger}" in m for m in mine), mine
+    finally:
         kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
         wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
                    what=f"{serving}'s engines gone")  # fmt: skip
