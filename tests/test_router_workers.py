@@ -191,6 +191,15 @@ def test_under_a_discovery_policy_what_a_client_did_to_a_router_pods_workers_is_
     assert "-r0: added back" in warned["message"] and "removed http://203.0.113.5:80" in warned["message"]
     assert warned["type"] == "Warning"
 
+    # what a client adds is its own: the event names a few of many, each bounded
+    many = [f"http://198.51.100.{i}:80/{'x' * 300}@0" for i in range(40)]
+    c.router_workers = routers = FakeRouters(listing={"http://10.65.0.1:8000": full + many,
+                                                     "http://10.65.0.2:8000": full})  # fmt: skip
+    reconcile(c, kube, body("flash", spec, status=status))
+    assert len(dict(routers.repairs)["http://10.65.0.1:8000"].remove) == 40
+    last = [e for e in events if e["reason"] == "RouterWorkersRepaired"][-1]["message"]
+    assert "and 35 more" in last and len(last) < 1500, len(last)
+
     # within the grace, not added; the other router pod, which lists every pod, needs nothing
     kube.engine_ready_at = clock.time() - REPAIR_GRACE_S + 1
     routers.repairs.clear()

@@ -318,8 +318,8 @@ class Controller:
         engines that take traffic, with the pods plan `p` takes out of routing or puts back (so it runs after
         the plan); under a discovery policy it reads each pod's list before the plan (`p` None), so that a
         drain may end in the reconcile that confirms it, and repairs what the pods' watch never undoes
-        (router_workers.discovery_repair). A router that does not
-        answer (or still lists a pod out of routing past the settle time) is asked again at the next reconcile;
+        (router_workers.discovery_repair). A router that does not answer (or still lists a pod out of routing
+        past the settle time) is asked again at the next reconcile;
         the first failure of a streak is logged and goes out as a Warning event. Once every router pod has
         confirmed, drains may count the group as gone from the routers (drain.routers_behind)."""
         key0 = (namespace, name)
@@ -424,13 +424,16 @@ class Controller:
         an engine out of its list or adds a foreign server, so someone used its worker routes."""
         if not (repair.add or repair.remove or repair.failed):
             return
+        def some(items: tuple[str, ...], sep: str = ", ") -> str:  # the removed URLs are a client's: bounded
+            return sep.join(i[:200] for i in items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
         parts = []
         if repair.add:
-            parts.append(f"added back {', '.join(repair.add)} (engine pods in routing it did not list)")
+            parts.append(f"added back {some(repair.add)} (engine pods in routing it did not list)")
         if repair.remove:
-            parts.append(f"removed {', '.join(repair.remove)} (no engine pod of this serving)")
+            parts.append(f"removed {some(repair.remove)} (no engine pod of this serving)")
         if repair.failed:
-            parts.append(f"could not: {'; '.join(repair.failed)}")
+            parts.append(f"could not: {some(repair.failed, '; ')}")
         message = (f"router pod {pod}: {'; '.join(parts)}. Its worker routes take no credentials: narrow who "
                    "reaches its port (docs/routing.md, \"Who can steer the router\")")
         log.warning("%s/%s: %s", namespace, name, message)

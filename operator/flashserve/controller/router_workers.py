@@ -54,8 +54,6 @@ MAX_LISTING_BYTES = 16 * 1024 * 1024  # 256 groups x 8 ranks of workers is well 
 # of its list, or its watch has stalled. Watch delivery takes well under a second; the margin covers an
 # observation that is a reconcile old.
 REPAIR_GRACE_S = 10.0
-ADD_WORKER_PATH = "/add_worker"
-REMOVE_WORKER_PATH = "/remove_worker"
 
 
 @dataclass(frozen=True)
@@ -224,7 +222,8 @@ class RouterWorkersClient:
         deadline = time.monotonic() + budget_s
         repair = steps(self.workers(base))
         failed = []
-        for path, urls in ((ADD_WORKER_PATH, repair.add), (REMOVE_WORKER_PATH, repair.remove)):
+        routes = ((router_facts.ADD_WORKER_PATH, repair.add), (router_facts.REMOVE_WORKER_PATH, repair.remove))
+        for path, urls in routes:
             for url in urls:
                 if time.monotonic() > deadline:
                     failed.append(f"POST {base}{path} {url}: not sent, {budget_s:g}s passed")

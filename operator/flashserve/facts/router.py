@@ -34,6 +34,11 @@ IGW_FLAG = "--enable-igw"
 # registered goes by the default policy (`--policy`).
 WORKERS_PATH = "/workers"
 POLICY_LABEL = "policy"
+# In every mode (0.1.17): POST /add_worker?url=<engine URL> adds an engine (with --intra-node-data-parallel-size,
+# all its ranks) and POST /remove_worker?url=<engine URL> removes it, all its ranks; each answers plain text.
+# With a rank's URL (`<engine URL>@<rank>`) the removal answers success and leaves the rank listed.
+ADD_WORKER_PATH = "/add_worker"
+REMOVE_WORKER_PATH = "/remove_worker"
 
 # Policies that keep state in each router process (cache_aware its prefix tree, sticky_least_loaded its table of
 # sessions): two replicas place one session apart, so the client Service keeps each client on one router pod
