@@ -60,6 +60,32 @@ def _engine_ranks(kubectl, namespace: str, serving: str = SERVING) -> set[str]:
             if p["metadata"]["labels"].get("flashserve.io/routing") == "serve" for r in range(4)}  # fmt: skip
 
 
+def _cr(namespace: str, serving: str, policy: str, drain_seconds: int | None = 120) -> dict:
+    """A DeepSeekServing of 2 GB200 groups under `policy`."""
+    spec = {"placement": {"accelerator": "GB200"}, "replicas": 2, "routing": {"policy": policy}}
+    if drain_seconds is not None:
+        spec["rollout"] = {"drainSeconds": drain_seconds}
+    return {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+            "metadata": {"name": serving, "namespace": namespace}, "spec": spec}  # fmt: skip
+
+
+def _wait_two_ready(kubectl, namespace: str, serving: str) -> None:
+    wait_until(lambda: int((_dss(kubectl, namespace, serving).get("status") or {}).get("readyReplicas") or 0) == 2,
+               120, interval=1, what="2 ready groups")  # fmt: skip
+
+
+def _delete(kubectl, namespace: str, serving: str) -> None:
+    kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
+    wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
+               what=f"{serving}'s engines gone")  # fmt: skip
+
+
+def _event_messages(kubectl, namespace: str, reason: str, serving: str) -> list[str]:
+    events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector", f"reason={reason}",
+                                "-o", "json").stdout)["items"]  # fmt: skip
+    return [e["message"] for e in events if e["involvedObject"]["name"] == serving]
+
+
 @pytest.fixture(scope="module")
 def api_relay(external_cluster):
     """A relay between the module's router pods and the API server, passing everything until a test holds it."""
@@ -84,13 +110,8 @@ def hrw_stack(external_cluster, kube, kubectl, crd_installed, router_url, api_re
                             "--probe-interval", "0.5", "--router-api-server", api_relay[1])  # fmt: skip
     try:
         operator.wait_serving()
-        cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
-              "metadata": {"name": SERVING, "namespace": namespace},
-              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "rollout": {"drainSeconds": 120},
-                       "routing": {"policy": "rendezvous_hash"}}}  # fmt: skip
-        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
-        wait_until(lambda: int((_dss(kubectl, namespace).get("status") or {}).get("readyReplicas") or 0) == 2, 120,
-                   interval=1, what="2 ready groups")  # fmt: skip
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(_cr(namespace, SERVING, "rendezvous_hash")))
+        _wait_two_ready(kubectl, namespace, SERVING)
         url = router_url(namespace, SERVING, timeout=90)  # a router pod is Ready only once it has workers
         yield namespace, url, logs
     finally:
@@ -196,23 +217,16 @@ def test_an_idle_group_waits_for_a_router_that_does_not_answer_before_it_goes(hr
     if serving == SERVING:
         kubectl("patch", "dss", SERVING, "-n", namespace, "--type", "merge", "-p", '{"spec": {"replicas": 2}}')
     else:
-        cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
-              "metadata": {"name": serving, "namespace": namespace},
-              "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "rollout": {"drainSeconds": 120},
-                       "routing": {"policy": policy}}}  # fmt: skip
-        kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(_cr(namespace, serving, policy)))
     try:
         _idle_group_waits_for_a_stopped_router(kubectl, namespace, serving)
     finally:
         if serving != SERVING:
-            kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
-            wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
-                       what=f"{serving}'s engines gone")  # fmt: skip
+            _delete(kubectl, namespace, serving)
 
 
 def _idle_group_waits_for_a_stopped_router(kubectl, namespace: str, serving: str) -> None:
-    wait_until(lambda: int((_dss(kubectl, namespace, serving).get("status") or {}).get("readyReplicas") or 0) == 2,
-               120, interval=1, what="2 ready groups")  # fmt: skip
+    _wait_two_ready(kubectl, namespace, serving)
     bases = _router_bases(kubectl, namespace, serving)
     assert len(bases) == 2
     for base in bases:
@@ -233,9 +247,7 @@ def _idle_group_waits_for_a_stopped_router(kubectl, namespace: str, serving: str
         # Idle engines, well past the 5 s settle time and several 2-s polls: the group stays for the router.
         time.sleep(15)
         assert len(_pods(kubectl, namespace, "engine", serving)) == 2, "an idle group went while a router listed it"
-        events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
-                                    "reason=RouterWorkersUnsynced", "-o", "json").stdout)["items"]  # fmt: skip
-        mine = [e["message"] for e in events if e["involvedObject"]["name"] == serving]
+        mine = _event_messages(kubectl, namespace, "RouterWorkersUnsynced", serving)
         assert any(f"router pod {pod['metadata']['name']}" in m and "drains of this serving wait for it" in m
                    for m in mine), mine  # fmt: skip
     finally:
@@ -256,14 +268,9 @@ def test_an_idle_group_waits_for_routers_whose_pod_watch_is_behind(hrw_stack, ap
     namespace, _, _ = hrw_stack
     relay, _ = api_relay
     serving = "lag"
-    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
-          "metadata": {"name": serving, "namespace": namespace},
-          "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "rollout": {"drainSeconds": 120},
-                   "routing": {"policy": "consistent_hash"}}}  # fmt: skip
-    kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(_cr(namespace, serving, "consistent_hash")))
     try:
-        wait_until(lambda: int((_dss(kubectl, namespace, serving).get("status") or {}).get("readyReplicas") or 0)
-                   == 2, 120, interval=1, what="2 ready groups")  # fmt: skip
+        _wait_two_ready(kubectl, namespace, serving)
         bases = _router_bases(kubectl, namespace, serving)
         assert len(bases) == 2
         for base in bases:
@@ -279,9 +286,7 @@ def test_an_idle_group_waits_for_routers_whose_pod_watch_is_behind(hrw_stack, ap
             listed = {base: len(_workers(base)) for base in bases}
             assert listed == {base: 8 for base in bases}, f"the routers' watch was not held: {listed}"
             assert len(_pods(kubectl, namespace, "engine", serving)) == 2, "an idle group went while routers listed it"
-            events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
-                                        "reason=RouterWorkersUnsynced", "-o", "json").stdout)["items"]  # fmt: skip
-            mine = [e["message"] for e in events if e["involvedObject"]["name"] == serving]
+            mine = _event_messages(kubectl, namespace, "RouterWorkersUnsynced", serving)
             assert any("its pod watch is behind" in m and "drains of this serving wait for it" in m for m in mine), mine
         finally:
             relay.release()
@@ -297,9 +302,7 @@ def test_an_idle_group_waits_for_routers_whose_pod_watch_is_behind(hrw_stack, ap
             assert set(_workers(base)) == _engine_ranks(kubectl, namespace, serving)
     finally:
         relay.release()
-        kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
-        wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
-                   what=f"{serving}'s engines gone")  # fmt: skip
+        _delete(kubectl, namespace, serving)
 
 
 def test_under_consistent_hash_the_operator_undoes_what_a_client_did_to_a_routers_workers(hrw_stack, kubectl):
@@ -308,13 +311,10 @@ def test_under_consistent_hash_the_operator_undoes_what_a_client_did_to_a_router
     within a reconcile, with a Warning event."""
     namespace, _, _ = hrw_stack
     serving = "rep"
-    cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
-          "metadata": {"name": serving, "namespace": namespace},
-          "spec": {"placement": {"accelerator": "GB200"}, "replicas": 2, "routing": {"policy": "consistent_hash"}}}
+    cr = _cr(namespace, serving, "consistent_hash", drain_seconds=None)
     kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
     try:
-        wait_until(lambda: int((_dss(kubectl, namespace, serving).get("status") or {}).get("readyReplicas") or 0)
-                   == 2, 120, interval=1, what="2 ready groups")  # fmt: skip
+        _wait_two_ready(kubectl, namespace, serving)
         base = _router_bases(kubectl, namespace, serving)[0]
         ours = _engine_ranks(kubectl, namespace, serving)
         wait_until(lambda: set(_workers(base)) == ours, 30, interval=0.5, what=f"{base} lists both groups")
@@ -330,14 +330,10 @@ def test_under_consistent_hash_the_operator_undoes_what_a_client_did_to_a_router
         assert not tampered & {f"{victim}@{r}" for r in range(4)} and f"{stranger}@0" in tampered, tampered
         wait_until(lambda: set(_workers(base)) == ours, 30, interval=0.2, what="the router's workers repaired")
         print(f"\n{serving}: a client's removal and addition were undone {time.monotonic() - t0:.1f}s later")
-        events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
-                                    "reason=RouterWorkersRepaired", "-o", "json").stdout)["items"]  # fmt: skip
-        mine = [e["message"] for e in events if e["involvedObject"]["name"] == serving]
+        mine = _event_messages(kubectl, namespace, "RouterWorkersRepaired", serving)
         assert any(f"added back {victim}" in m for m in mine) and any(f"removed {stranger}" in m for m in mine), mine
     finally:
-        kubectl("delete", "dss", serving, "-n", namespace, "--wait=false")
-        wait_until(lambda: not _pods(kubectl, namespace, "engine", serving), 120, interval=1,
-                   what=f"{serving}'s engines gone")  # fmt: skip
+        _delete(kubectl, namespace, serving)
 
 
 def test_a_one_group_rollout_under_load_keeps_a_worker_in_every_router_and_fails_no_stream(hrw_stack, kubectl):

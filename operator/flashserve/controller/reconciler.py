@@ -325,6 +325,8 @@ class Controller:
         key0 = (namespace, name)
         registers = p is not None
         out: dict[str, float] = {}
+        # Seconds each router pod's container has run (None: its start is not in the status yet).
+        ran = {r.name: None if r.started_at is None else mine.now - r.started_at for r in mine.router_pods}
         if p is not None:
             desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],
                                       self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
@@ -336,8 +338,7 @@ class Controller:
             out = out_of_routing(mine, spec.engine.port, self.engine_networks)
             port, now, networks = spec.engine.port, mine.now, self.engine_networks
             # A router pod that has just started is still listing the pods through its watch: read, not repaired.
-            young = {r.name for r in mine.router_pods
-                     if r.started_at is None or now - r.started_at < ROUTER_START_GRACE_S}  # fmt: skip
+            young = {pod for pod, age in ran.items() if age is None or age < ROUTER_START_GRACE_S}
 
             def job(base: str, pod: str) -> Repair:
                 if pod in young:
@@ -400,8 +401,7 @@ class Controller:
             if error is None:
                 rec.warned = False
                 continue
-            started = next(r for r in mine.router_pods if r.name == pod).started_at
-            starting = started is not None and mine.now - started < ROUTER_START_GRACE_S
+            starting = (age := ran[pod]) is not None and age < ROUTER_START_GRACE_S
             # A discovering router that refuses is down, which the router's status reports; one whose workers
             # the operator keeps will serve nothing until it can.
             quiet = starting or settling or (refused and not registers)
