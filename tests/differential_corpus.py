@@ -18,7 +18,7 @@ import yaml
 
 from flashserve.facts.accelerators import ACCELERATORS
 from flashserve.facts.engine_choices import ALL2ALL_BACKEND_CHOICES
-from flashserve.facts.managed import MANAGED_ENV
+from flashserve.facts.managed import MANAGED_ENV, ROUTE_ENV
 from flashserve.facts.vllm_rules import DBO_ALL2ALL_BACKENDS, NO_EPLB_ALL2ALL_BACKENDS
 
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
@@ -144,12 +144,14 @@ def _broken(rng: random.Random, base: dict) -> list[tuple[str, dict]]:
         ("dboSpeculative", _set(dbo_ok, "engine.speculative", {"enabled": True})),
         ("extraArgs:managed", _set(base, "engine.extraArgs", [rng.choice(["--port=9000", "-tp", "--max-model-len",
                                                                           "--async-scheduling", "--hf-token=x",
-                                                                          "--config", "-O3", "--served-model"])])),
+                                                                          "--config", "-O3", "--served-model",
+                                                                          "--profiler-config={}", "--tokens-only"])])),
         ("extraArgs:context", _set(base, "engine.extraArgs", [rng.choice(["--no-such-flag", "positional", "--",
                                                                           "--swap-space", "--enable-log"])])),
         ("envHubToken", _set(base, "engine.env", [{"name": rng.choice(["HUGGING_FACE_HUB_TOKEN", "hf_api_token",
                                                                        "HuggingFaceToken"]), "value": "x"}])),
         ("envManaged", _set(base, "engine.env", [{"name": rng.choice(sorted(MANAGED_ENV)), "value": "1"}])),
+        ("envOpensRoutes", _set(base, "engine.env", [{"name": rng.choice(sorted(ROUTE_ENV)), "value": "1"}])),
         ("envDuplicate", _set(base, "engine.env", [{"name": "A", "value": "1"}, {"name": "B"}, {"name": "A"}])),
         ("envValueAndValueFrom", _set(base, "engine.env", [{"name": "A", "value": "1",
                                                             "valueFrom": {"secretKeyRef": {"name": "s"}}}])),

@@ -15,6 +15,7 @@ from flashserve.facts.layout import layout
 from flashserve.facts.managed import (
     MANAGED_DESTS,
     REFUSED_DESTS,
+    ROUTE_DESTS,
     SECRET_DESTS,
     extra_args_errors,
     managed_arg_pattern,
@@ -194,7 +195,7 @@ def test_every_setting_the_builder_emits_is_managed(spec):
 
 def test_every_refusal_points_somewhere():
     for dest in REFUSED_DESTS:
-        hint = {**MANAGED_DESTS, **SECRET_DESTS}[dest]
+        hint = {**MANAGED_DESTS, **SECRET_DESTS, **ROUTE_DESTS}[dest]
         assert hint.startswith("spec.") or len(hint) > 10, dest
 
 

@@ -10,18 +10,21 @@ judges all pods, since importing vLLM is most of the cost.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from flashserve.api import v1alpha1 as api
 from flashserve.api.validation import SpecError, parse_serving
 from flashserve.facts import vllm_rules
 from flashserve.facts.accelerators import ACCELERATORS
+from flashserve.facts.managed import ROUTE_DESTS, ROUTE_ENV
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.contract.conftest import check_engines
 from tests.contract.corpus import corpus
 from tests.contract.pods import engine_pods
+from tests.contract.routes import OPENER_PREFIX, OPENERS, REVIEWED, opener_cases, route_of
 
 LEVELS = ("parse", "serve", "args", "config")
 GENERATED = 30
@@ -81,8 +84,11 @@ def _all_crs() -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def verdicts(vllm_python):
+def harness(vllm_python):
+    """One run of the harness (one vLLM import) for every case of this module: each corpus pod, with the routes
+    its API server would answer for pod 0 of the hand-written CRs, and the route openers' cases."""
     crs = _all_crs()
+    hand_written = set(corpus())
     cases, meta = [], {}
     for name, cr in crs.items():
         parse_serving(cr)  # the corpus holds only specs the API admits
@@ -90,12 +96,21 @@ def verdicts(vllm_python):
         # pod 0 and the last pod of the group: the wrapper gives them different start ranks
         for pod in {p["pod"]: p for p in (pods[0], pods[-1])}.values():
             cid = f"{name}/pod-{pod['pod']}"
-            cases.append({"id": cid, "argv": pod["argv"], "env": pod["env"], "accelerator": pod["accelerator"]})
+            cases.append({"id": cid, "argv": pod["argv"], "env": pod["env"], "accelerator": pod["accelerator"],
+                          "routes": name in hand_written and pod["pod"] == 0})
             meta[cid] = (cr, pod)
+    cases += opener_cases(crs["sample-gb200-minimal"])
     out = check_engines(vllm_python, cases)
-    print(f"\ncontract: {len(crs)} CRs ({GENERATED} generated), {len(cases)} pods; "
-          + ", ".join(f"{lvl}: {sum(1 for v in out.values() if v['level'] in LEVELS[i:])}" for i, lvl in enumerate(LEVELS)))
+    pods = [v for cid, v in out.items() if cid in meta]
+    print(f"\ncontract: {len(crs)} CRs ({GENERATED} generated), {len(pods)} pods; "
+          + ", ".join(f"{lvl}: {sum(1 for v in pods if v['level'] in LEVELS[i:])}" for i, lvl in enumerate(LEVELS)))
     return out, meta
+
+
+@pytest.fixture(scope="module")
+def verdicts(harness):
+    out, meta = harness
+    return {cid: v for cid, v in out.items() if cid in meta}, meta
 
 
 def test_corpus_covers_what_the_issue_names():
@@ -186,3 +201,41 @@ def test_backend_rules_are_vllms(vllm_python):
     disagree = {cid: (admitted[cid], out[cid]["error"]) for cid in admitted if admitted[cid] != out[cid]["ok"]}
     assert not disagree, "the API and vLLM disagree on:\n" + "\n".join(
         f"  {cid}: API {'admits' if a else 'refuses'}, vLLM: {err or 'accepts'}" for cid, (a, err) in disagree.items())
+
+
+def test_every_route_a_rendered_engine_answers_is_reviewed(harness):
+    """The routes vLLM's launcher builds for pod 0 of every hand-written CR are the reviewed ones
+    (tests/contract/routes.py says what a client can do with each), and every reviewed route is still served,
+    so the list neither misses a route nor keeps a stale one. The scale-out routes answer 403 unless the
+    routing policy renders prompts (cache_aware: --enable-scale-out)."""
+    out, meta = harness
+    listed = {cid: v["routes"] for cid, v in out.items() if cid in meta and v.get("routes")}
+    assert len(listed) >= 20, sorted(listed)
+    served = {route_of(r) for routes in listed.values() for r in routes}
+    assert served - set(REVIEWED) == set(), "routes nobody reviewed (tests/contract/routes.py)"
+    assert set(REVIEWED) - served == set(), "reviewed routes no rendered engine serves any more"
+    render = "POST /v1/chat/completions/render"
+    for cid, routes in listed.items():
+        spec = parse_serving(meta[cid][0]).spec
+        assert (render in routes) == spec.routing.renders_prompts(), cid
+        assert (render + " (403)" in routes) != spec.routing.renders_prompts(), cid
+
+
+def test_each_setting_refused_for_its_routes_opens_unreviewed_routes_in_vllm(harness):
+    """Each setting facts/managed.py refuses for the routes it opens does open routes outside the reviewed
+    list in the real vLLM, among them every route its refusal message names; and the API refuses it."""
+    out, _ = harness
+    assert set(OPENERS) == set(ROUTE_DESTS) | set(ROUTE_ENV)
+    for name, (env, args) in OPENERS.items():
+        verdict = out[OPENER_PREFIX + name]
+        assert verdict["ok"], verdict["error"]
+        opened = {route_of(r).split(" ", 1)[1] for r in verdict["routes"]} - {r.split(" ", 1)[1] for r in REVIEWED}
+        assert opened, f"{name} opens nothing unreviewed: drop it from ROUTE_DESTS/ROUTE_ENV"
+        named = set(re.findall(r"(?<![\w-])/[a-z_/0-9]+", ROUTE_DESTS.get(name) or ROUTE_ENV[name]))
+        assert named <= opened, (name, sorted(named - opened), sorted(opened))
+        engine = {"env": [{"name": k, "value": v} for k, v in env.items()], "extraArgs": args}
+        with pytest.raises(SpecError) as exc:
+            parse_serving({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "x"},
+                           "spec": {"engine": engine}})  # fmt: skip
+        assert "any client of the serving" in str(exc.value), name
+        print(f"\n{name}: opens {', '.join(sorted(opened))}")

@@ -272,6 +272,65 @@ def test_any_client_of_the_api_port_can_add_and_remove_workers(engines, tmp_path
         router.stop()
 
 
+class _Recorder:
+    """A worker that answers 200 to everything (its /health included) and records each request's method and
+    path: what the router sends it."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                if self.path != "/health":
+                    seen.append(f"{self.command} {self.path}")
+                body = b'{"object": "list", "data": []}' if self.path == "/v1/models" else b"{}"
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_DELETE = _any
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_router_forwards_every_path_it_does_not_serve_to_a_worker(tmp_path, vllm_router_bin):
+    """0.1.17 sends a request for any path it has no route of its own for to a worker, method and path as the
+    client sent them: vLLM's admin routes (dev mode's /collective_rpc, /sleep, /pause; the profiler's; LoRA
+    loading) and anything else. So whatever an engine answers, every client of the serving can call, and the
+    operator refuses the settings that open such routes on the engines (facts/managed.py ROUTE_DESTS and
+    ROUTE_ENV; tests/contract/test_engine_contract.py shows, with the real vLLM, what each opens)."""
+    worker = _Recorder()
+    router = _router([worker], tmp_path, "round_robin")
+    asked = ["POST /flush_cache", "POST /collective_rpc", "POST /sleep", "POST /pause", "POST /start_profile",
+             "POST /v1/load_lora_adapter", "DELETE /adapters/a", "GET /server_info", "POST /no/such/route"]
+    try:
+        for item in asked:
+            method, path = item.split(" ")
+            req = urllib.request.Request(router.base + path, b"{}" if method != "GET" else None, method=method,
+                                         headers={"content-type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200, item
+        assert [s for s in worker.seen if s in asked] == asked, worker.seen
+    finally:
+        router.stop()
+        worker.stop()
+
+
 def test_the_wasm_middleware_cannot_guard_the_worker_routes(engines, tmp_path, vllm_router_bin):
     """0.1.17's `--wasm-middleware` (a WebAssembly component the router calls on each request of the routes
     named) would be the place inside the router to refuse the worker routes to clients, but it takes only the

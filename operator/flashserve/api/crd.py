@@ -19,7 +19,7 @@ from flashserve.api import kubevalues, quantity
 from flashserve.api import v1alpha1 as api
 from flashserve.facts import engine_choices, vllm_rules
 from flashserve.facts.accelerators import ACCELERATORS
-from flashserve.facts.managed import MANAGED_ENV, managed_arg_pattern
+from flashserve.facts.managed import MANAGED_ENV, ROUTE_ENV, managed_arg_pattern
 
 _MODELS: dict[str, type[BaseModel]] = {
     name: cls
@@ -175,8 +175,8 @@ RULES: dict[str, list[dict[str, str]]] = {
         {
             "rule": f"self.extraArgs.all(a, !a.matches('{_MANAGED_ARG_RE}'))",
             "message": "extraArgs may not set what the operator manages (parallelism, port, model, cache, "
-            "batching, buckets), secrets or a config file, in any spelling vLLM accepts: use the matching spec "
-            "field (flashserve validate names it)",
+            "batching, buckets), secrets, a config file or options that open admin routes on the engines, in any "
+            "spelling vLLM accepts: use the matching spec field or remove it (flashserve validate says which)",
             "fieldPath": ".extraArgs",
         },
         {
@@ -201,6 +201,12 @@ RULES: dict[str, list[dict[str, str]]] = {
         {
             "rule": f"!(self.name in {cel_list(sorted(MANAGED_ENV))})",
             "message": "this variable is managed by the operator: remove it",
+            "fieldPath": ".name",
+        },
+        {
+            "rule": f"!(self.name in {cel_list(sorted(ROUTE_ENV))})",
+            "message": "this variable opens admin routes on every engine, where any client of the serving can call "
+            "them (the router forwards every path to the engines): remove it",
             "fieldPath": ".name",
         },
         {"rule": "!(has(self.value) && has(self.valueFrom))", "message": "set value or valueFrom, not both"},

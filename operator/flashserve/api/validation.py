@@ -20,7 +20,7 @@ from flashserve.facts import vllm_rules
 from flashserve.facts.accelerators import accelerator
 from flashserve.facts.cache_env import CACHE_ENV_NAMES, DEEP_GEMM_WARMUP_ENV
 from flashserve.facts.layout import layout
-from flashserve.facts.managed import MANAGED_ENV, extra_args_errors
+from flashserve.facts.managed import MANAGED_ENV, ROUTE_ENV, ROUTES_HINT, extra_args_errors
 
 _K8S_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _DNS_LABEL = re.compile(r"(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -231,6 +231,9 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                     "and name it in spec.model.source.huggingFace.tokenSecretRef",
                 )
             )
+        elif env.name in ROUTE_ENV:
+            opens = f"{env.name} opens {ROUTE_ENV[env.name]} {ROUTES_HINT}"
+            errs.append(FieldError(f"spec.engine.env[{i}].name", opens))
         elif env.name in MANAGED_ENV:
             hint = "use spec.model.source" if env.name.startswith("HF_") else _MANAGED_ENV_FIELDS.get(env.name, "remove it")
             errs.append(

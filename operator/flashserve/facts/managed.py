@@ -109,7 +109,21 @@ SECRET_DESTS: dict[str, str] = {
     "hf_token": "spec.model.source.huggingFace.tokenSecretRef",
     "api_key": "spec.engine.env (VLLM_API_KEY with valueFrom.secretKeyRef)",
 }
-REFUSED_DESTS: frozenset[str] = frozenset(MANAGED_DESTS) | frozenset(SECRET_DESTS)
+# Settings that open routes on the engines' API port beyond the inference, tokenizer and read-only ones.
+# vllm-router forwards every path it does not serve itself to an engine, so whatever the engines answer, every
+# client of the serving can call. Which routes each one opens is the real wheel's answer
+# (tests/contract/test_engine_routes.py); docs/routing.md, "Who can steer the router".
+ROUTE_DESTS: dict[str, str] = {
+    "profiler_config": "/start_profile and /stop_profile",
+    "tokens_only": "an /abort_requests that skips the API key, and the token-in/token-out routes,",
+}
+ROUTE_ENV: dict[str, str] = {
+    "VLLM_SERVER_DEV_MODE": "/collective_rpc, /sleep, /pause, /update_weights, /reset_prefix_cache and more",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "/v1/load_lora_adapter, /v1/unload_lora_adapter and /adapters",
+}
+ROUTES_HINT = ("on every engine, where any client of the serving can call them (the router forwards every path "
+               "to the engines): remove it")
+REFUSED_DESTS: frozenset[str] = frozenset(MANAGED_DESTS) | frozenset(SECRET_DESTS) | frozenset(ROUTE_DESTS)
 # Token prefixes that can only mean a refused setting (or a flag vLLM would refuse): the Python guard and the
 # CRD's CEL rule both use them, so the API server and `flashserve validate` agree.
 REFUSED_COVER = covers(REFUSED_DESTS)
@@ -156,6 +170,8 @@ def _refusal(arg: str, dest: str) -> str:
     flag = BY_DEST[dest].name
     if dest in SECRET_DESTS:
         return f"{arg!r} sets {flag}, a secret that would sit in the resource: use {SECRET_DESTS[dest]} instead"
+    if dest in ROUTE_DESTS:
+        return f"{arg!r} sets {flag}, which opens {ROUTE_DESTS[dest]} {ROUTES_HINT}"
     hint = MANAGED_DESTS[dest]
     if hint.startswith("spec."):
         return f"{arg!r} sets {flag}, which the operator manages: use {hint} instead"

@@ -14,6 +14,9 @@ each `{"id": str, "argv": [...], "env": {...}, "accelerator": "GB200"}` where ar
            passes it): ModelConfig from the synthetic checkpoint, parallel, cache, scheduler, speculative,
            compilation and observability configs and every cross-field check of VllmConfig.
 
+A case with `"routes": true` also gets `routes`: the HTTP routes the pod's API server would answer, from the
+app vLLM's launcher builds (served_routes); no server is started.
+
 Each case runs in a forked child, so one case's environment, caches and platform never leak into the next.
 
 What is stubbed, and nothing else:
@@ -25,7 +28,7 @@ What is stubbed, and nothing else:
   * the checkpoint: the model id resolves, offline, to a Hugging Face cache holding only the synthetic
     `config.json` of `model/` beside this file and a tiny tokenizer with DeepSeek's special tokens (no weights).
     A PVC model path (`/models/...`) is pointed at the same files.
-Not reached: weight loading, model construction, kernels, CUDA graphs, NCCL/torch.distributed, the API server.
+Not reached: weight loading, model construction, kernels, CUDA graphs, NCCL/torch.distributed, serving HTTP.
 """
 
 from __future__ import annotations
@@ -306,6 +309,9 @@ def check_case(case: dict):
         result["level"] = "config"
         result["ok"] = True
         result["config"].update(_summary(vc))
+        if case.get("routes"):
+            stage = "routes"
+            result["routes"] = served_routes(args, vc)
         result["stubbed_native_modules"] = sorted(set(_NativeStubLoader.stubbed))
     except BaseException as exc:  # noqa: BLE001 - every failure is a verdict, SystemExit from argparse included
         msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -316,6 +322,22 @@ def check_case(case: dict):
         if os.environ.get("FLASHSERVE_CONTRACT_TRACEBACK"):
             result["traceback"] = traceback.format_exc()
     return result, vc
+
+
+def served_routes(args, vc) -> list[str]:
+    """What the pod's API server would answer: the FastAPI app vLLM's own launcher builds (build_app) from the
+    namespace `vllm serve` handed it, for a generative model (the tasks a generate runner reports), as
+    "METHOD /path"; a route that answers only 403 (the scale-out routes without --enable-scale-out) ends in
+    " (403)". Built, not served: no socket is opened."""
+    from vllm.entrypoints.launchers.app import build_app
+
+    app = build_app(args, ("generate",), vc.model_config)
+    out = set()
+    for route in app.routes:
+        refused = getattr(getattr(route, "endpoint", None), "__name__", "") == "disabled_scale_out"
+        for method in sorted(getattr(route, "methods", None) or ["*"]):
+            out.add(f"{method} {route.path}" + (" (403)" if refused else ""))
+    return sorted(out)
 
 
 _STDERR_FILE: Path | None = None
