@@ -111,11 +111,11 @@ SECRET_DESTS: dict[str, str] = {
 }
 # Settings that open routes on the engines' API port beyond the inference, tokenizer and read-only ones.
 # vllm-router forwards every path it does not serve itself to an engine, so whatever the engines answer, every
-# client of the serving can call. Which routes each one opens is the real wheel's answer
-# (tests/contract/test_engine_routes.py); docs/routing.md, "Who can steer the router".
+# client of the serving can call. Which routes each one opens is the real wheel's answer (tests/contract/routes.py
+# and test_engine_contract.py); docs/routing.md, "Every path the router does not serve goes to an engine".
 ROUTE_DESTS: dict[str, str] = {
     "profiler_config": "/start_profile and /stop_profile",
-    "tokens_only": "an /abort_requests that skips the API key, and the token-in/token-out routes,",
+    "tokens_only": "the token-in/token-out routes and an /abort_requests that skips the API key",
 }
 ROUTE_ENV: dict[str, str] = {
     "VLLM_SERVER_DEV_MODE": "/collective_rpc, /sleep, /pause, /update_weights, /reset_prefix_cache and more",
