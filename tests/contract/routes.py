@@ -63,3 +63,8 @@ def opener_cases(cr: dict) -> list[dict]:
 def route_of(entry: str) -> str:
     """A served route without the harness's " (403)" mark."""
     return entry.removesuffix(" (403)")
+
+
+def path_of(route: str) -> str:
+    """The path of a "METHOD /path" route."""
+    return route.split(" ", 1)[1]

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from tests.contract.conftest import check_engines
 from tests.contract.corpus import corpus
 from tests.contract.pods import engine_pods
-from tests.contract.routes import OPENER_PREFIX, OPENERS, REVIEWED, opener_cases, route_of
+from tests.contract.routes import OPENER_PREFIX, OPENERS, REVIEWED, opener_cases, path_of, route_of
 
 LEVELS = ("parse", "serve", "args", "config")
 GENERATED = 30
@@ -227,10 +227,11 @@ def test_each_setting_refused_for_its_routes_opens_unreviewed_routes_in_vllm(har
     list in the real vLLM, among them every route its refusal message names; and the API refuses it."""
     out, _ = harness
     assert set(OPENERS) == set(ROUTE_DESTS) | set(ROUTE_ENV)
+    reviewed = {path_of(r) for r in REVIEWED}
     for name, (env, args) in OPENERS.items():
         verdict = out[OPENER_PREFIX + name]
         assert verdict["ok"], verdict["error"]
-        opened = {route_of(r).split(" ", 1)[1] for r in verdict["routes"]} - {r.split(" ", 1)[1] for r in REVIEWED}
+        opened = {path_of(route_of(r)) for r in verdict["routes"]} - reviewed
         assert opened, f"{name} opens nothing unreviewed: drop it from ROUTE_DESTS/ROUTE_ENV"
         named = set(re.findall(r"(?<![\w-])/[a-z_/0-9]+", ROUTE_DESTS.get(name) or ROUTE_ENV[name]))
         assert named <= opened, (name, sorted(named - opened), sorted(opened))

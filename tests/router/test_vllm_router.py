@@ -4,15 +4,18 @@ Also the launcher's command line and its refusals, which need no binary."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -272,49 +275,47 @@ def test_any_client_of_the_api_port_can_add_and_remove_workers(engines, tmp_path
         router.stop()
 
 
-class _Recorder:
+class _Recording(http.server.BaseHTTPRequestHandler):
     """A worker that answers 200 to everything (its /health included) and records each request's method and
-    path: what the router sends it."""
+    path but /health's in `seen`: what the router sends it. Each test subclasses it with a list of its own."""
 
-    def __init__(self):
-        import http.server
-        import threading
+    seen: list[str] = []
 
-        seen = self.seen = []
+    def _any(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        if self.path != "/health":
+            self.seen.append(f"{self.command} {self.path}")
+        body = b'{"object": "list", "data": []}' if self.path == "/v1/models" else b"{}"
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _any(self):
-                self.rfile.read(int(self.headers.get("content-length") or 0))
-                if self.path != "/health":
-                    seen.append(f"{self.command} {self.path}")
-                body = b'{"object": "list", "data": []}' if self.path == "/v1/models" else b"{}"
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    do_GET = do_POST = do_DELETE = _any
 
-            do_GET = do_POST = do_DELETE = _any
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def log_message(self, *args):
+        pass
 
 
-def test_the_router_forwards_every_path_it_does_not_serve_to_a_worker(tmp_path, vllm_router_bin):
+@pytest.fixture
+def recording_worker():
+    """(a worker with a `url`, the requests it got) on 127.0.0.1."""
+    handler = type("Handler", (_Recording,), {"seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}"), handler.seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_router_forwards_every_path_it_does_not_serve_to_a_worker(tmp_path, vllm_router_bin, recording_worker):
     """0.1.17 sends a request for any path it has no route of its own for to a worker, method and path as the
     client sent them: vLLM's admin routes (dev mode's /collective_rpc, /sleep, /pause; the profiler's; LoRA
     loading) and anything else. So whatever an engine answers, every client of the serving can call, and the
     operator refuses the settings that open such routes on the engines (facts/managed.py ROUTE_DESTS and
     ROUTE_ENV; tests/contract/test_engine_contract.py shows, with the real vLLM, what each opens)."""
-    worker = _Recorder()
+    worker, seen = recording_worker
     router = _router([worker], tmp_path, "round_robin")
     asked = ["POST /flush_cache", "POST /collective_rpc", "POST /sleep", "POST /pause", "POST /start_profile",
              "POST /v1/load_lora_adapter", "DELETE /adapters/a", "GET /server_info", "POST /no/such/route"]
@@ -325,10 +326,9 @@ def test_the_router_forwards_every_path_it_does_not_serve_to_a_worker(tmp_path, 
                                          headers={"content-type": "application/json"})  # fmt: skip
             with urllib.request.urlopen(req, timeout=10) as r:
                 assert r.status == 200, item
-        assert [s for s in worker.seen if s in asked] == asked, worker.seen
+        assert [s for s in seen if s in asked] == asked, seen
     finally:
         router.stop()
-        worker.stop()
 
 
 def test_the_wasm_middleware_cannot_guard_the_worker_routes(engines, tmp_path, vllm_router_bin):
