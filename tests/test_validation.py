@@ -62,6 +62,7 @@ def test_minimal_spec_is_a_sensible_deployment():
          "spec.engine.env[0].name", "/v1/load_lora_adapter"),
         ({"engine": {"extraArgs": ["--profiler-config.profiler=torch"]}}, "spec.engine.extraArgs[0]", "/start_profile"),
         ({"engine": {"extraArgs": ["--tokens-only"]}}, "spec.engine.extraArgs[0]", "any client of the serving"),
+        ({"engine": {"extraArgs": ["--no-tokens-only"]}}, "spec.engine.extraArgs[0]", "turns --tokens-only off"),
         ({"engine": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "spec.engine.env[1].name", "twice"),
         ({"engine": {"kvCacheDtype": "int4"}}, "spec.engine.kvCacheDtype", "fp8_ds_mla"),
         ({"placement": {"accelerator": "H100"}}, "spec.placement.accelerator", "GB200"),

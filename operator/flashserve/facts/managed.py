@@ -171,6 +171,10 @@ def _refusal(arg: str, dest: str) -> str:
     if dest in SECRET_DESTS:
         return f"{arg!r} sets {flag}, a secret that would sit in the resource: use {SECRET_DESTS[dest]} instead"
     if dest in ROUTE_DESTS:
+        res = resolve(arg)
+        if res.flag is not None and res.flag in BY_DEST[dest].negative:
+            # Position-blind like the CEL rule, so the harmless spelling is refused too: say what it is.
+            return f"{arg!r} turns {flag} off, which is already its setting: remove it"
         return f"{arg!r} sets {flag}, which opens {ROUTE_DESTS[dest]} {ROUTES_HINT}"
     hint = MANAGED_DESTS[dest]
     if hint.startswith("spec."):
