@@ -1,14 +1,15 @@
 from __future__ import annotations
 
 import os
-import threading
-from http.server import ThreadingHTTPServer
+from contextlib import ExitStack
 from pathlib import Path
 
 import kopf
 import pytest
 import yaml
 from hypothesis import settings
+
+from tests.http_stub import serving
 
 # CI draws the same examples every run, so a red build is reproducible; locally each run explores new ones.
 settings.register_profile("ci", derandomize=True)
@@ -43,12 +44,16 @@ def prometheus():
     from tests.fakes import CANNED, FakePrometheus  # the controller's imports, only for tests that use it
 
     handler = type("Handler", (FakePrometheus,), {"mode": "ok", "values": dict(CANNED), "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    server.shutdown()
-    server.server_close()
+    with serving(handler) as (url, _):
+        yield url, handler
+
+
+@pytest.fixture
+def serve_http():
+    """Serves a handler class on 127.0.0.1 for the rest of the test (tests.http_stub.serving): `serve_http(H)`
+    returns (base URL, server)."""
+    with ExitStack() as stack:
+        yield lambda handler: stack.enter_context(serving(handler))
 
 
 @pytest.fixture

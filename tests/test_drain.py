@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import logging
 import socket
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -276,9 +275,8 @@ def test_requests_in_flight_sum_running_and_waiting_over_the_ranks():
 
 
 @pytest.fixture
-def http_server():
+def http_server(serve_http):
     """Servers on 127.0.0.1 answering with `routes[path] = (status, headers, body)`; every path asked is in `seen`."""
-    servers = []
 
     def start(routes: dict) -> tuple[int, list[str]]:
         seen: list[str] = []
@@ -297,15 +295,10 @@ def http_server():
             def log_message(self, *a):
                 pass
 
-        s = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-        servers.append(s)
-        return s.server_address[1], seen
+        _, server = serve_http(H)
+        return server.server_address[1], seen
 
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    return start
 
 
 def test_the_reader_asks_the_engine_directly_and_follows_no_redirect_nor_proxy(http_server, monkeypatch):

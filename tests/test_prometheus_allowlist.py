@@ -3,8 +3,7 @@ queried, redirects are not followed, and nothing an endpoint answers comes back 
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
@@ -74,20 +73,12 @@ class _Endpoint(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def endpoint():
-    servers = []
-
+def endpoint(serve_http):
     def start(status: int = 403, location: str = "") -> tuple[str, type]:
         handler = type("H", (_Endpoint,), {"hits": [], "status": status, "location": location})
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}", handler
+        return serve_http(handler)[0], handler
 
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    return start
 
 
 def _metrics_condition(scaler, url):

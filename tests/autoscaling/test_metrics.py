@@ -4,30 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 
 import pytest
 from flashserve.autoscaling import metrics
 
 from tests.fakes import QUERIES, FakePrometheus
+from tests.http_stub import serving
 
 
 @contextmanager
 def prometheus(mode: str = "ok") -> Iterator[str]:
     handler = type("Handler", (FakePrometheus,), {"mode": mode, "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler) as (url, _):
+        yield url
     prometheus.seen = handler.seen  # type: ignore[attr-defined]
 
 

@@ -5,9 +5,8 @@ The workers are stubs that answer with their own port (the router's choice is al
 from __future__ import annotations
 
 import json
-import threading
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from flashserve_testbed.bench.routing import HashRing, session_key
@@ -41,14 +40,8 @@ class _Stub(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def stubs():
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Stub) for _ in range(4)]
-    for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+def stubs(serve_http):
+    return [serve_http(_Stub)[0] for _ in range(4)]
 
 
 def _served_by(base: str, sid: str) -> str:

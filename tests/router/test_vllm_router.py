@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -299,14 +298,10 @@ class _Recording(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def recording_worker():
+def recording_worker(serve_http):
     """(a worker with a `url`, the requests it got) on 127.0.0.1."""
     handler = type("Handler", (_Recording,), {"seen": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}"), handler.seen
-    server.shutdown()
-    server.server_close()
+    return SimpleNamespace(url=serve_http(handler)[0]), handler.seen
 
 
 def test_the_router_forwards_every_path_it_does_not_serve_to_a_worker(tmp_path, vllm_router_bin, recording_worker):
@@ -606,20 +601,17 @@ def test_options_refuse_what_would_leave_loopback_or_not_run(kw, field):
     assert str(e.value).startswith(field + ":")
 
 
-def test_the_router_reads_its_kubeconfigs_token_file_again_so_a_refreshed_token_is_used(tmp_path, vllm_router_bin):
+def test_the_router_reads_its_kubeconfigs_token_file_again_so_a_refreshed_token_is_used(
+    tmp_path, vllm_router_bin, serve_http
+):
     """The mock runtime refreshes a router pod's token by rewriting the file its kubeconfig names (tokenFile):
     that works only because kube-client re-reads it (at least once a minute), which this checks on the binary,
     against a stand-in API server on 127.0.0.1 that records each request's bearer token."""
-    import subprocess
-    import threading
-    import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from flashserve_testbed.runtime.credentials import kubeconfig, write_private
 
     seen: list[str] = []
 
-    class API(BaseHTTPRequestHandler):
+    class API(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self):  # noqa: N802 - http.server's name
@@ -640,12 +632,11 @@ def test_the_router_reads_its_kubeconfigs_token_file_again_so_a_refreshed_token_
         def log_message(self, *a):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), API)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api_url, _ = serve_http(API)
     token = tmp_path / "router.kubeconfig.token"
     write_private(token, "first-token")
     config = tmp_path / "router.kubeconfig"
-    doc = kubeconfig(f"http://127.0.0.1:{server.server_port}", None, str(token), "ns", "system:serviceaccount:ns:r")
+    doc = kubeconfig(api_url, None, str(token), "ns", "system:serviceaccount:ns:r")
     write_private(config, json.dumps(doc))
     args = [str(vllm_router_bin), "--host", "127.0.0.1", "--port", str(free_port()), "--policy", "round_robin",
             "--service-discovery", "--selector", "a=b", "--service-discovery-namespace", "ns",
@@ -666,7 +657,6 @@ def test_the_router_reads_its_kubeconfigs_token_file_again_so_a_refreshed_token_
     finally:
         proc.terminate()
         proc.wait(10)
-        server.shutdown()
 
 
 def test_per_rank_counts_and_the_busiest_ranks_share():
