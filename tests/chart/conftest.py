@@ -71,10 +71,11 @@ class Rendered:
 def render(helm):
     cache: dict[tuple, Rendered] = {}
 
-    def run(*args: str, check: bool = True) -> Rendered | subprocess.CompletedProcess:
-        cmd = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *args]
+    def run(*args: str, check: bool = True, release: str = RELEASE) -> Rendered | subprocess.CompletedProcess:
+        cmd = [helm, "template", release, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *args]
         if not check:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        args = (release, *args)
         if args not in cache:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
             assert proc.returncode == 0, f"helm template {' '.join(args)} failed:\n{proc.stderr}"

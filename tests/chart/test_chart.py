@@ -377,10 +377,39 @@ def test_image_digest_and_names(render):
     (["--set", "operator.leaderElection.enabled=false"], "replicaCount > 1 needs operator.leaderElection.enabled"),
     (["--set", "monitoring.enabled=true", "--set", "metrics.service.enabled=false"], "needs metrics.service.enabled"),
     (["--set", "metrics.auth=mtls"], "/metrics/auth"),
+    # a string the template wrote as it is could carry whole objects (a ClusterRoleBinding) into the release
+    (["--set-string", "podDisruptionBudget.maxUnavailable=1\n---\nkind: ClusterRoleBinding"], "/podDisruptionBudget/maxUnavailable"),
+    (["--set", "podDisruptionBudget.maxUnavailable=0"], "/podDisruptionBudget/maxUnavailable"),
+    (["--set", "monitoring.enabled=true", "--set-string", "monitoring.dashboard.namespace=x\n  evil: yes"], "/monitoring/dashboard/namespace"),
+    (["--set", "podLabels.app\\.kubernetes\\.io/instance=other"], "podLabels: app.kubernetes.io/instance is a label the chart sets itself"),
+    (["--set", "monitoring.serviceMonitor.labels.helm\\.sh/chart=x"], "monitoring.serviceMonitor.labels: helm.sh/chart is a label"),
+    (["--set", "operator.healthPort=8082", "--set", "operator.metricsPort=8082"], "operator.healthPort and operator.metricsPort are both 8082"),
+    # decimals reach the schema as strings (`--set` keeps them so), so their ranges are the template's to check
+    (["--set", "operator.resyncSeconds=0.0"], "operator.resyncSeconds: 0.0 is out of range"),
+    (["--set", "monitoring.prometheusRule.sla.percentile=0.00001"], "sla.percentile: 0.00001 is out of range"),
+    (["--set", "monitoring.prometheusRule.kvCacheUsageWarning=5.0"], "kvCacheUsageWarning: 5.0 is out of range"),
+    (["--set", "monitoring.prometheusRule.window=0s"], "/monitoring/prometheusRule/window"),
+    (["--set", "nameOverride=Bad Name"], "/nameOverride"),
+    (["--set", "fullnameOverride=" + "a" * 47], "/fullnameOverride"),
+    (["--set", "image.repository=foo bar"], "/image/repository"),
 ])  # fmt: skip
 def test_bad_values_are_refused(render, args, message):
     proc = render(*args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_names_stay_within_their_limits_for_the_longest_release_name(render):
+    """Helm allows release names of 53 characters; the metrics Service, whose name is longest, must still be a
+    DNS label (63)."""
+    r = render("--set", "metrics.service.enabled=true", release="r" * 53)
+    (svc,) = r.all("Service")
+    assert len(svc["metadata"]["name"]) <= 63 and svc["metadata"]["name"].endswith("-operator-metrics")
+
+
+def test_a_disruption_budget_takes_a_count_or_a_percentage(render):
+    assert render().find("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert render("--set-string", "podDisruptionBudget.maxUnavailable=2").find("PodDisruptionBudget")["spec"]["maxUnavailable"] == 2
+    assert render("--set", "podDisruptionBudget.maxUnavailable=50%").find("PodDisruptionBudget")["spec"]["maxUnavailable"] == "50%"
 
 
 def test_single_replica_without_leader_election(render):

@@ -19,7 +19,8 @@
 
 {{/* Name of the operator's objects (Deployment, Service, RBAC). */}}
 {{- define "flashserve.operatorName" -}}
-{{- printf "%s-operator" (include "flashserve.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- /* 46: the longest name built on it, <name>-operator-metrics (a Service), is a DNS label (63) */}}
+{{- printf "%s-operator" (include "flashserve.fullname" . | trunc 46 | trimSuffix "-") }}
 {{- end }}
 
 {{- define "flashserve.chart" -}}
@@ -144,5 +145,46 @@ the API server checks `create` as well. `get` adds nothing that `list` does not 
   # applied per multi-node group and deleted with it; not watched, so read before a write to check that
   # this serving owns it
   verbs: ["get", "create", "patch", "delete"]
+{{- end }}
+{{- end }}
+
+{{/*
+Range checks for the numbers the schema must also take as strings (`--set` leaves a decimal as a string, which
+the schema can only match by pattern): each fails naming the value and what it takes.
+*/}}
+{{- define "flashserve.inRange" -}}
+{{- $x := float64 .value }}
+{{- if or (lt $x .min) (and .above (eq $x .min)) (gt $x .max) }}
+{{- fail (printf "%s: %v is out of range: %s" .name .value .want) }}
+{{- end }}
+{{- end }}
+
+{{- define "flashserve.checkValues" -}}
+{{- $o := .Values.operator }}
+{{- $r := .Values.monitoring.prometheusRule }}
+{{- include "flashserve.inRange" (dict "name" "operator.resyncSeconds" "value" $o.resyncSeconds "min" 0.0 "above" true "max" 86400.0 "want" "seconds above 0, at most 86400") }}
+{{- include "flashserve.inRange" (dict "name" "monitoring.prometheusRule.sla.perUserTokensPerSecond" "value" $r.sla.perUserTokensPerSecond "min" 0.0 "above" true "max" 100000.0 "want" "tokens per second above 0, at most 100000") }}
+{{- /* below 0.001 Go prints the percentile with an exponent, which no recording rule name may hold */}}
+{{- include "flashserve.inRange" (dict "name" "monitoring.prometheusRule.sla.percentile" "value" $r.sla.percentile "min" 0.001 "above" false "max" 99.999 "want" "a percentile from 0.001 to 99.999") }}
+{{- include "flashserve.inRange" (dict "name" "monitoring.prometheusRule.sla.ttftSeconds" "value" $r.sla.ttftSeconds "min" 0.0 "above" true "max" 3600.0 "want" "seconds above 0, at most 3600") }}
+{{- include "flashserve.inRange" (dict "name" "monitoring.prometheusRule.kvCacheUsageWarning" "value" $r.kvCacheUsageWarning "min" 0.0 "above" true "max" 1.0 "want" "a share of the KV cache above 0, at most 1") }}
+{{- include "flashserve.inRange" (dict "name" "monitoring.prometheusRule.childWritesPerSecondWarning" "value" $r.childWritesPerSecondWarning "min" 0.0 "above" true "max" 1000000.0 "want" "writes per second above 0") }}
+{{- include "flashserve.inRange" (dict "name" "monitoring.dashboard.gpuHourlyCost" "value" .Values.monitoring.dashboard.gpuHourlyCost "min" 0.0 "above" false "max" 1000000.0 "want" "dollars per GPU-hour, 0 or more") }}
+{{- include "flashserve.checkLabels" . }}
+{{- if eq (int $o.healthPort) (int $o.metricsPort) }}
+{{- fail (printf "operator.healthPort and operator.metricsPort are both %v: the two listeners need ports of their own" $o.healthPort) }}
+{{- end }}
+{{- end }}
+
+{{/* Labels a user adds may not be the chart's own: a second selector label breaks the Deployment's selector. */}}
+{{- define "flashserve.checkLabels" -}}
+{{- $own := list "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "app.kubernetes.io/part-of" }}
+{{- $m := .Values.monitoring }}
+{{- range $name, $labels := dict "podLabels" .Values.podLabels "monitoring.serviceMonitor.labels" $m.serviceMonitor.labels "monitoring.podMonitor.labels" $m.podMonitor.labels "monitoring.prometheusRule.labels" $m.prometheusRule.labels "monitoring.dashboard.labels" $m.dashboard.labels }}
+{{- range $key, $_ := $labels }}
+{{- if has $key $own }}
+{{- fail (printf "%s: %s is a label the chart sets itself: remove it" $name $key) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
