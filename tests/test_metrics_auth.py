@@ -86,3 +86,31 @@ def test_without_a_gate_metrics_are_open(registry):
         assert _get(f"http://127.0.0.1:{server.server_address[1]}/metrics")[0] == 200
     finally:
         server.shutdown()
+
+
+def test_tls_scrapes_are_served_and_a_silent_client_holds_up_no_other(registry, tmp_path):
+    """With a certificate the endpoint speaks only TLS, and each connection's handshake runs in its own thread:
+    a client that connects and never speaks (a port scan, a stalled scraper) must not keep Prometheus out."""
+    import socket
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    certfile, keyfile = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(certfile))
+    cert.private_key_pem.write_to_path(str(keyfile))
+    server = serve("127.0.0.1", 0, registry, certfile=str(certfile), keyfile=str(keyfile))
+    url = f"127.0.0.1:{server.server_address[1]}/metrics"
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    silent = socket.create_connection(server.server_address[:2])
+    try:
+        with urllib.request.urlopen("https://" + url, context=context, timeout=5) as resp:
+            assert resp.status == 200 and "flashserve_test_total 3.0" in resp.read().decode()
+        with pytest.raises((ConnectionError, urllib.error.URLError)):
+            urllib.request.urlopen("http://" + url, timeout=5)  # no plain-text answer on the TLS port
+    finally:
+        silent.close()
+        server.shutdown()

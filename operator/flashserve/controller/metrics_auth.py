@@ -2,7 +2,7 @@
 a TokenReview, then a SubjectAccessReview for `get` on the non-resource URL `/metrics`.
 
 A Prometheus in another namespace scrapes with its ServiceAccount token and needs a ClusterRole granting
-`get` on `nonResourceURLs: ["/metrics"]` (the chart's `flashserve-metrics-reader`). Answers are cached for a
+`get` on `nonResourceURLs: ["/metrics"]` (the chart's `<fullname>-operator-metrics-reader`). Answers are cached for a
 short while so a scrape every few seconds does not cost two API requests each time; a revoked grant stops
 working within that time.
 """
@@ -128,8 +128,28 @@ def guarded_app(registry: CollectorRegistry, gate: Gate | None):
     return app
 
 
+# How long a client may take over its TLS handshake before its connection is dropped.
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request, client_address):
+        if self.tls is None:
+            return super().finish_request(request, client_address)
+        # The handshake runs here, in the connection's own thread: on a wrapped listening socket it would run
+        # in accept(), and one client that connects and never speaks would hold up every scrape.
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -146,6 +166,6 @@ def serve(host: str, port: int, registry: CollectorRegistry, gate: Gate | None =
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(certfile, keyfile)
-        server.socket = context.wrap_socket(server.socket, server_side=True)
+        server.tls = context
     threading.Thread(target=server.serve_forever, name="flashserve-metrics", daemon=True).start()
     return server
