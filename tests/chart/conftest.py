@@ -22,6 +22,8 @@ COMBOS: dict[str, list[str]] = {
     "monitoring": ["--set", "monitoring.enabled=true",
                    "--set", "operator.prometheusUrl=http://prometheus-operated.monitoring.svc:9090"],
     "metrics-auth": ["--set", "metrics.auth=token", "--set", "monitoring.enabled=true"],
+    "metrics-tls": ["--set", "metrics.auth=token", "--set", "monitoring.enabled=true",
+                    "--set", "metrics.tls.secretName=flashserve-metrics-tls"],
 }  # fmt: skip
 
 

@@ -702,3 +702,30 @@ def test_authenticated_metrics(render):
     assert not any(d["metadata"]["name"].endswith("-metrics-reader") for d in plain)
     assert "--metrics-auth=token" not in next(d for d in plain if d["kind"] == "Deployment")["spec"]["template"][
         "spec"]["containers"][0]["args"]
+
+
+def test_metrics_over_tls_mount_the_secret_and_the_service_monitor_checks_the_services_name(render):
+    """metrics.tls.secretName: the operator serves the Secret's certificate (the files `flashserve run` is told
+    are the ones the volume holds), and the ServiceMonitor scrapes over https, checking the certificate against
+    the Secret's CA for the metrics Service's name, so Prometheus's token never crosses in the clear."""
+    from flashserve.controller.main import _parser
+
+    r = render(*COMBOS["metrics-tls"])
+    pod = r.find("Deployment", OP)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = _parser().parse_args(c["args"])
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "metrics-tls"]
+    assert mount["readOnly"] and args.metrics_auth == "token"
+    where = mount["mountPath"]
+    assert (args.metrics_cert_file, args.metrics_key_file) == (f"{where}/tls.crt", f"{where}/tls.key")
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "metrics-tls"]
+    assert vol["secret"]["secretName"] == "flashserve-metrics-tls"
+    (endpoint,) = r.find("ServiceMonitor")["spec"]["endpoints"]
+    svc = r.find("Service", f"{OP}-metrics")
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["serverName"] == f"{svc['metadata']['name']}.{NAMESPACE}.svc"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "flashserve-metrics-tls", "key": "ca.crt"}
+    plain = render(*COMBOS["metrics-auth"])
+    assert "scheme" not in plain.find("ServiceMonitor")["spec"]["endpoints"][0]
+    plain_args = plain.find("Deployment", OP)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--metrics-cert-file") for a in plain_args)
