@@ -127,3 +127,66 @@ def test_validate_and_render_agree(tmp_path, monkeypatch, capsys):
     assert cmd.main(["-f", str(path)]) == 2
     assert cmd.validate_main([str(path)]) == 2
     assert "the renderer refuses this" in capsys.readouterr().err
+
+
+def _errors_of(tmp_path, capsys, text: str, *args: str) -> str:
+    """`flashserve validate` (or render with `args`) in process: its stderr, after checking it refused the file."""
+    from flashserve.commands import render as cmd
+
+    path = tmp_path / "cr.yaml"
+    path.write_text(text)
+    code = cmd.main(["-f", str(path), *args]) if args else cmd.validate_main([str(path)])
+    out = capsys.readouterr()
+    assert code == 2 and "Traceback" not in out.err, out
+    return out.err
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("[]", "spec: must be a mapping of the serving's settings, not a list"),
+    ("false", "spec: must be a mapping of the serving's settings, not a boolean"),
+    ("0", "spec: must be a mapping of the serving's settings, not a number"),
+    ('""', "spec: must be a mapping of the serving's settings, not a string"),
+    # JSON has no infinity: kubectl could not send it, so it must not reach a rendered flag either
+    ("{autoscaling: {enabled: true, sla: {ttftSeconds: .inf}}}", "spec.autoscaling.sla.ttftSeconds: Input should be a finite number"),
+    ("{autoscaling: {enabled: true, gpuHourlyCost: .nan}}", "spec.autoscaling.gpuHourlyCost: Input should be a finite number"),
+    ("{placement: {accelerator: GB200, int: 5}}", "spec.placement.int: unknown field"),
+])  # fmt: skip
+def test_what_the_api_server_would_refuse_is_refused_naming_the_field(tmp_path, capsys, spec, words):
+    assert words in _errors_of(tmp_path, capsys, GOOD.replace("spec: {replicas: 1}", f"spec: {spec}"))
+
+
+def test_every_document_is_checked_and_each_error_names_its_document(tmp_path, capsys):
+    second = GOOD.replace("{name: flash}", "{name: flash-b}").replace("{replicas: 1}", "{replicas: -1}")
+    third = GOOD.replace("{replicas: 1}", "{replicas: 2}")  # flash again
+    err = _errors_of(tmp_path, capsys, "\n---\n".join([GOOD.replace("{replicas: 1}", "{replicas: x}"), second, third]))
+    assert "document 1 (flash): spec.replicas" in err and "document 2 (flash-b): spec.replicas" in err, err
+    assert "document 3 (flash): metadata.name: 'flash' is also document 1's" in err, err
+    # one document: paths as before, without a document's name
+    err = _errors_of(tmp_path, capsys, GOOD.replace("{replicas: 1}", "{replicas: x}"))
+    assert "\nerror: spec.replicas: " in err and "document 1" not in err, err
+
+
+def test_numbers_are_read_as_kubectl_reads_them(tmp_path, capsys):
+    """kubectl's YAML reader (go-yaml v2) has no base-60 numbers and takes exponents without a dot, and it sends
+    JSON, where 6.0 is 6: a file means to `validate` what it means to `kubectl apply`."""
+    from flashserve.commands import render as cmd
+
+    doc = cmd._Loader(GOOD.replace("{replicas: 1}", "{a: 15:00, b: 1e3, c: 1.5e3, d: 6.0, e: 0x1f, f: 1_000, g: 2.5, "
+                                                    "h: 2024-01-01, i: .inf}"))  # fmt: skip
+    spec = doc.get_single_data()["spec"]
+    assert spec == {"a": "15:00", "b": 1000, "c": 1500, "d": 6, "e": 31, "f": 1000, "g": 2.5, "h": "2024-01-01",
+                    "i": float("inf")}  # fmt: skip
+    err = _errors_of(tmp_path, capsys, GOOD.replace("{replicas: 1}", "{autoscaling: {replicaStartupSeconds: 15:00}}"))
+    assert "spec.autoscaling.replicaStartupSeconds: Input should be a valid integer" in err, err
+
+
+@pytest.mark.parametrize("namespace", ["", "Bad NS", "x" * 64])
+def test_a_bad_namespace_option_is_refused_as_the_option(tmp_path, capsys, namespace):
+    err = _errors_of(tmp_path, capsys, GOOD, "-n", namespace)
+    assert "error: -n/--namespace: " in err and "is not a namespace name" in err, err
+
+
+def test_names_and_labels_that_yaml_did_not_read_as_strings_say_how_to_quote_them(tmp_path, capsys):
+    err = _errors_of(tmp_path, capsys, GOOD.replace("{name: flash}", "{name: 1e3, labels: {canary: yes}}"))
+    assert "metadata.name: must be a string, not a number: quote it" in err, err
+    assert "metadata.labels['canary']: must be a string, not a boolean (YAML reads yes" in err, err

@@ -61,6 +61,7 @@ class _Model(BaseModel):
         use_attribute_docstrings=True,
         validate_default=True,
         strict=True,  # JSON types as the API server reads them: no "5" for 5, no "yes" for true
+        allow_inf_nan=False,  # JSON has neither; a YAML .inf would otherwise reach the rendered flags
     )
 
     def dump(self) -> dict:

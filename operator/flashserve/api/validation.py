@@ -8,6 +8,7 @@ the operator for objects that got past an older CRD.
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass
 
@@ -58,9 +59,13 @@ def _path(loc: tuple) -> str:
 def _pydantic_errors(exc: ValidationError, prefix: str) -> list[FieldError]:
     out: dict[str, FieldError] = {}
     for err in exc.errors(include_url=False):
-        path = _path((prefix, *err["loc"])) if prefix else _path(err["loc"])
+        loc = (prefix, *err["loc"]) if prefix else err["loc"]
+        path = _path(loc)
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
+            # The last item is the user's own key, whatever it is called (`int` would read as a union tag).
+            key = str(loc[-1])
+            path = _path(loc[:-1]) + (f".{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) else f"[{key!r}]")
             msg = "unknown field: remove it or check its spelling (`kubectl explain deepseekserving.spec`)"
         elif err["type"] == "literal_error":
             msg = f"{msg} (got {err['input']!r})"
@@ -300,10 +305,19 @@ def _is_hub_token(name: str) -> bool:
     return "TOKEN" in n and (n.startswith("HF_") or "HUGGING" in n)
 
 
+def _kind(value: object) -> str:
+    """What a YAML value is, in YAML's words."""
+    names = {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+             datetime.date: "a date", datetime.datetime: "a date and time"}
+    return names.get(type(value), type(value).__name__)
+
+
 def parse_spec(spec: dict | None) -> DeepSeekServingSpec:
     """Validate a spec dict (camelCase, as in the API). Raises SpecError listing every problem."""
+    if spec is not None and not isinstance(spec, dict):
+        raise SpecError([FieldError("spec", f"must be a mapping of the serving's settings, not {_kind(spec)}")])
     try:
-        parsed = DeepSeekServingSpec.model_validate(spec or {})
+        parsed = DeepSeekServingSpec.model_validate({} if spec is None else spec)
     except ValidationError as exc:
         raise SpecError(_pydantic_errors(exc, "spec")) from None
     errs = semantic_errors(parsed)
@@ -333,8 +347,13 @@ def metadata_errors(meta: dict) -> list[FieldError]:
             if not isinstance(key, str) or not re.fullmatch(kubevalues.QUALIFIED_NAME, key) or kubevalues.prefix_error(key):
                 errs.append(FieldError(path, f"the key is not {kubevalues.QUALIFIED_HINT}"))
                 continue
+            if isinstance(value, bool):
+                # yes, no, on, off, true and false unquoted are YAML booleans: which one was written is lost
+                errs.append(FieldError(path, "must be a string, not a boolean (YAML reads yes, no, on, off, true and "
+                                             "false unquoted as booleans): quote the value"))  # fmt: skip
+                continue
             if not isinstance(value, str):
-                errs.append(FieldError(path, f"must be a string, not {type(value).__name__} {str(value)[:40]}: "
+                errs.append(FieldError(path, f"must be a string, not {_kind(value)} {str(value)[:40]}: "
                                              f"quote it ({key}: \"{str(value)[:40]}\")"))  # fmt: skip
                 continue
             if field == "labels" and not re.fullmatch(kubevalues.LABEL_VALUE, value):
@@ -355,14 +374,17 @@ def parse_serving(obj: dict) -> DeepSeekServing:
         errs.append(FieldError("apiVersion", f"must be flashserve.io/v1alpha1 (got {obj.get('apiVersion')!r})"))
     if obj.get("kind") != "DeepSeekServing":
         errs.append(FieldError("kind", f"must be DeepSeekServing (got {obj.get('kind')!r})"))
-    meta = obj.get("metadata") or {}
-    if not isinstance(meta, dict):
-        errs.append(FieldError("metadata", "must be a mapping with at least a name"))
-        meta = {}
+    meta = obj.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        errs.append(FieldError("metadata", f"must be a mapping with at least a name, not {_kind(meta)}"))
+        meta = None
+    meta = meta or {}  # none at all: the name's error below says what is missing
     name, namespace = meta.get("name"), meta.get("namespace")
     if name is None or name == "":
         errs.append(FieldError("metadata.name", "required: name the serving"))
-    elif not isinstance(name, str) or not _K8S_NAME.fullmatch(name):
+    elif not isinstance(name, str):
+        errs.append(FieldError("metadata.name", f"must be a string, not {_kind(name)}: quote it (name: \"...\")"))
+    elif not _K8S_NAME.fullmatch(name):
         errs.append(FieldError("metadata.name", f"{name!r} is not a Kubernetes name: lowercase letters, digits, "
                                                 "'-' and '.', starting and ending with a letter or digit, at most 253"))  # fmt: skip
     if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace)):

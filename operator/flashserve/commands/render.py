@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 
 import yaml
@@ -71,7 +73,33 @@ class _Loader(yaml.SafeLoader):
         return super().construct_yaml_int(node)
 
 
+    def construct_yaml_float(self, node):  # type: ignore[no-untyped-def]
+        value = super().construct_yaml_float(node)
+        # kubectl sends JSON, where 2.0 is written 2: an integral number is an integer to the API server
+        return int(value) if math.isfinite(value) and value.is_integer() and abs(value) < 2**63 else value
+
+
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+# Numbers and dates as kubectl's YAML reader (go-yaml v2, through sigs.k8s.io/yaml) reads them, not as PyYAML's
+# YAML 1.1: no base-60 (`15:00` is a string there, 900 here), `1e3` and `1.5e3` are numbers (PyYAML wants a dot
+# and a signed exponent), and a date stays a string (go-yaml keeps timestamps as strings unless the target is a
+# time). A file must mean the same thing to `flashserve validate` as to `kubectl apply`.
+_INT, _FLOAT, _TIMESTAMP = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT, _TIMESTAMP)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _INT, re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
 
 
 def _read(path: str) -> bytes:
@@ -103,16 +131,39 @@ def _load(path: str) -> list[dict]:
     return docs
 
 
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
 def _objects(path: str, namespace: str | None) -> list[dict]:
     """Every object the file's servings render to: the one path of both `render` and `validate`, so a file
-    `validate` passes is one `render` renders."""
+    `validate` passes is one `render` renders. Every document is checked; with several, each error names its
+    document, and two servings of one name are refused (kubectl apply would keep only the last)."""
+    if namespace is not None and (len(namespace) > 63 or not _NAMESPACE.fullmatch(namespace)):
+        raise SpecError([FieldError("-n/--namespace", f"{namespace[:80]!r} is not a namespace name: lowercase "
+                                                      "letters, digits and '-', at most 63")])  # fmt: skip
+    docs = _load(path)
     out: list[dict] = []
-    for doc in _load(path):
-        if namespace and isinstance(doc, dict):
-            meta = doc.setdefault("metadata", {})
-            if isinstance(meta, dict):
-                meta["namespace"] = namespace
-        out += render_serving(parse_serving(doc))
+    errors: list[FieldError] = []
+    seen: dict[tuple, int] = {}
+    for i, doc in enumerate(docs, 1):
+        meta = doc.get("metadata") if isinstance(doc, dict) else None
+        if namespace and isinstance(doc, dict) and isinstance(meta, dict | None):
+            meta = doc["metadata"] = {**(meta or {}), "namespace": namespace}
+        name = meta.get("name") if isinstance(meta, dict) else None
+        where = f"document {i}" + (f" ({name})" if isinstance(name, str) and name else "") if len(docs) > 1 else ""
+        if isinstance(name, str) and name and isinstance(meta.get("namespace"), str | None):
+            key = (meta.get("namespace") or "", name)
+            if key in seen:
+                errors.append(FieldError(f"{where}: metadata.name", f"{name!r} is also document {seen[key]}'s: kubectl "
+                                         "apply would keep only the last; rename one or remove it"))  # fmt: skip
+            seen.setdefault(key, i)
+        try:
+            out += render_serving(parse_serving(doc))
+        except SpecError as exc:
+            errors += [FieldError(e.path if not where else where if e.path == "(document)" else f"{where}: {e.path}",
+                                  e.message) for e in exc.errors]  # fmt: skip
+    if errors:
+        raise SpecError(errors)
     return out
 
 
