@@ -66,7 +66,7 @@ def test_sessions_without_timestamps_start_apart(tmp_path):
     [
         ([{"input_length": 5, "output_length": 1}], r"t.jsonl:1: a Mooncake trace line needs `timestamp`"),
         ([{"timestamp": 1, "input_length": 5}], r"t.jsonl:1: a trace line needs `output_length`"),
-        ([{"timestamp": 1, "input_length": 0, "output_length": 1}], r"`input_length` must be an integer >= 1"),
+        ([{"timestamp": 1, "input_length": 0, "output_length": 1}], r"`input_length` must be an integer from 1 to"),
         ([{"timestamp": "x", "input_length": 1, "output_length": 1}], r"`timestamp` must be a number of ms"),
         ([MOONCAKE[0], "not json"], r"t.jsonl:2: not JSON"),
         (["[1, 2]"], r"t.jsonl:1: a trace line must be a JSON object"),
@@ -93,3 +93,62 @@ def test_binary_and_empty_files_are_refused_clearly(tmp_path):
 
 def test_limit_keeps_the_first_lines(tmp_path):
     assert traces.read(write(tmp_path / "t.jsonl", AIPERF), limit=2).requests == 2
+
+
+# JSON's NaN, Infinity and 1e999 (a float too large: infinity) are read by Python's json; so is any integer
+MOONCAKE_LINE = '{{"timestamp": 0, "input_length": {}, "output_length": 5}}'
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999", "1e23", str(10**23), str(10**400),
+                                   str(traces.MAX_TOKENS + 1), "2.5"])  # fmt: skip
+def test_token_counts_must_be_whole_and_bounded(tmp_path, value):
+    with pytest.raises(TraceError, match=r"t.jsonl:2: `input_length` must be an integer from 1 to 10,000,000"):
+        traces.read(write(tmp_path / "t.jsonl", [MOONCAKE[0], MOONCAKE_LINE.format(value)]))
+    row = {"session_id": "a", "input_length": 5, "output_length": float(value) if value != "2.5" else 2.5}
+    with pytest.raises(TraceError, match=r"t.jsonl:1: `output_length` must be an integer from 1 to 10,000,000"):
+        traces.read(write(tmp_path / "t.jsonl", [row]))
+    top = {"timestamp": 0, "input_length": traces.MAX_TOKENS, "output_length": traces.MAX_TOKENS}
+    assert traces.read(write(tmp_path / "t.jsonl", [top])).sessions[0].turns[0].input_length == traces.MAX_TOKENS
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ('{"timestamp": 0, "input_length": ' + "9" * 5000 + ', "output_length": 5}', r"Exceeds the limit \(4300 digits\)"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])  # fmt: skip
+def test_lines_json_cannot_take_name_the_line(tmp_path, line, why):
+    with pytest.raises(TraceError, match=rf"t.jsonl:2: not JSON \({why}"):
+        traces.read(write(tmp_path / "t.jsonl", [MOONCAKE[0], line]))
+
+
+def test_a_corrupt_gzip_body_is_refused_naming_the_file(tmp_path):
+    body = gzip.compress(json.dumps(MOONCAKE[0]).encode() * 50)
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(body[:10] + b"\xff" * 40 + body[50:])  # a valid header, then garbage
+    with pytest.raises(TraceError, match=r"t.jsonl.gz: a corrupt gzip file \(Error -3"):
+        traces.read(path)
+
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    # the span counts from the trace's first timestamp: epoch milliseconds are fine, a far-off one is not
+    ([{"timestamp": 1.7e12, "input_length": 5, "output_length": 1},
+      {"timestamp": 1.7e12 + 31 * DAY_MS, "input_length": 5, "output_length": 1}], r"t.jsonl:2: `timestamp` puts"),
+    ([{"timestamp": 0, "input_length": 5, "output_length": 1},
+      {"timestamp": 1e308, "input_length": 5, "output_length": 1}], r"t.jsonl:2: `timestamp` puts .* 1.16e\+300 days"),
+    ([{"timestamp": 0, "input_length": 5, "output_length": 1},
+      {"timestamp": 10**400, "input_length": 5, "output_length": 1}], r"t.jsonl:2: `timestamp` must be a number of"),
+    # delays add up along a session
+    ([{"session_id": "a", "timestamp": 0, "input_length": 5, "output_length": 1}]
+     + [{"session_id": "a", "delay": 10 * DAY_MS, "input_length": 5, "output_length": 1}] * 4,
+     r"t.jsonl:5: `delay` puts this request 40 days into the replay; a trace may span 30 days at most"),
+    ([{"session_id": "a", "input_length": 5, "output_length": 1},
+      {"session_id": "a", "timestamp": 40 * DAY_MS, "input_length": 5, "output_length": 1}], r"t.jsonl:2: `timestamp`"),
+])  # fmt: skip
+def test_a_trace_may_not_span_more_than_a_month(tmp_path, rows, message):
+    with pytest.raises(TraceError, match=message):
+        traces.read(write(tmp_path / "t.jsonl", rows))
+    month = [{"timestamp": 0, "input_length": 5, "output_length": 1},
+             {"timestamp": 30 * DAY_MS, "input_length": 5, "output_length": 1}]  # fmt: skip
+    assert traces.read(write(tmp_path / "t.jsonl", month)).sessions[-1].start_ms == 30 * DAY_MS

@@ -22,7 +22,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import math
+import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,6 +31,12 @@ from typing import Literal
 BLOCK_TOKENS = 512
 GZIP_MAGIC = b"\x1f\x8b"
 UNTIMED_GAP_MS = 1000.0
+# Far above any model's context window (the longest are a few million tokens), yet a prompt this long (40 MB of
+# text) still fits in memory: a count beyond it is a broken trace, not a workload.
+MAX_TOKENS = 10_000_000
+# A replay runs in real time: a trace that spans more than a month is a unit mix-up (s or us read as ms), not a plan.
+MAX_SPAN_DAYS = 30
+MAX_SPAN_MS = MAX_SPAN_DAYS * 24 * 3600 * 1000.0
 
 Format = Literal["mooncake", "aiperf"]
 
@@ -92,10 +99,18 @@ def open_text(path: str | Path) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
-def _int(doc: dict, key: str, where: str, minimum: int) -> int:
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def _int(doc: dict, key: str, where: str, minimum: int, maximum: int = MAX_TOKENS) -> int:
     value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
-        raise TraceError(f"{where}: `{key}` must be an integer >= {minimum}, got {value!r}")
+    # NaN fails every comparison, so int() below never sees NaN or infinity
+    in_range = isinstance(value, (int, float)) and not isinstance(value, bool) and minimum <= value <= maximum
+    if not in_range or value != int(value):
+        raise TraceError(f"{where}: `{key}` must be an integer from {minimum} to {maximum:,} (tokens), got "
+                         f"{_shown(value)}")  # fmt: skip
     return int(value)
 
 
@@ -103,8 +118,9 @@ def _ms(doc: dict, key: str, where: str) -> float | None:
     value = doc.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise TraceError(f"{where}: `{key}` must be a number of milliseconds >= 0, got {value!r}")
+    # the upper bound refuses infinity and integers too large for a float (NaN fails every comparison)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= sys.float_info.max:
+        raise TraceError(f"{where}: `{key}` must be a number of milliseconds >= 0, got {_shown(value)}")
     return float(value)
 
 
@@ -138,6 +154,10 @@ def read(path: str | Path, limit: int | None = None, untimed_gap_ms: float = UNT
                     doc = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"{path}:{n}: not JSON ({exc.msg})") from None
+                except ValueError as exc:  # an integer of more digits than Python converts
+                    raise TraceError(f"{path}:{n}: not JSON ({str(exc).split(':')[0]})") from None
+                except RecursionError:
+                    raise TraceError(f"{path}:{n}: not JSON (nested too deeply)") from None
                 if not isinstance(doc, dict):
                     raise TraceError(f"{path}:{n}: a trace line must be a JSON object")
                 docs.append((n, doc))
@@ -145,6 +165,8 @@ def read(path: str | Path, limit: int | None = None, untimed_gap_ms: float = UNT
                     break
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not a text or gzipped JSON-lines trace ({exc.reason} at byte {exc.start})") from None
+    except zlib.error as exc:  # a gzip header, then a body that does not decompress
+        raise TraceError(f"{path}: a corrupt gzip file ({exc})") from None
     except (OSError, EOFError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise TraceError(f"{path}: no such file") from None
@@ -157,6 +179,7 @@ def read(path: str | Path, limit: int | None = None, untimed_gap_ms: float = UNT
 def parse(docs: list[tuple[int, dict]], source: str = "<trace>", untimed_gap_ms: float = UNTIMED_GAP_MS) -> Trace:
     """Sessions from (line number, record) pairs: aiperf multi-turn when any record has a `session_id`."""
     fmt: Format = "aiperf" if any("session_id" in d for _, d in docs) else "mooncake"
+    lines: dict[str, list[int]] = {}  # each session's turns' line numbers, for errors
     if fmt == "mooncake":
         sessions = []
         for n, doc in docs:
@@ -166,6 +189,9 @@ def parse(docs: list[tuple[int, dict]], source: str = "<trace>", untimed_gap_ms:
                                  "began); lines with `session_id` are read as aiperf multi-turn sessions")  # fmt: skip
             sessions.append(Session(f"req-{n}", turn.at_ms, (Turn(turn.input_length, turn.output_length,
                                                                    turn.hash_ids, None, turn.at_ms),)))  # fmt: skip
+            lines[f"req-{n}"] = [n]
+        t0 = min(s.start_ms for s in sessions)
+        sessions = [Session(s.id, s.start_ms - t0, tuple(_shift(t, t0) for t in s.turns)) for s in sessions]
     else:
         by_id: dict[str, list[Turn]] = {}
         for n, doc in docs:
@@ -177,6 +203,7 @@ def parse(docs: list[tuple[int, dict]], source: str = "<trace>", untimed_gap_ms:
                 raise TraceError(f"{where}: `session_id` must be a non-empty string, got {sid!r}")
             turn = _turn(doc, where)
             turns = by_id.setdefault(str(sid), [])
+            lines.setdefault(str(sid), []).append(n)
             if not turns and turn.delay_ms is not None and turn.at_ms is None:
                 turn = Turn(turn.input_length, turn.output_length, turn.hash_ids, None, None)  # nothing to wait for
             turns.append(turn)
@@ -189,12 +216,25 @@ def parse(docs: list[tuple[int, dict]], source: str = "<trace>", untimed_gap_ms:
             else:  # from the trace's start, in file order
                 sessions.append(Session(sid, untimed * untimed_gap_ms, tuple(_shift(t, t0) for t in turns)))
                 untimed += 1
-        sessions.sort(key=lambda s: s.start_ms)
-        return Trace(fmt, tuple(sessions), source)
-    t0 = min(s.start_ms for s in sessions)
-    sessions = [Session(s.id, s.start_ms - t0, tuple(_shift(t, t0) for t in s.turns)) for s in sessions]
+    _within_span(sessions, lines, source)
     sessions.sort(key=lambda s: s.start_ms)
     return Trace(fmt, tuple(sessions), source)
+
+
+def _within_span(sessions: list[Session], lines: dict[str, list[int]], source: str) -> None:
+    """Refuse a trace that would have the replay send a request more than MAX_SPAN_DAYS after it began (counting
+    the waits the trace gives, not the answers' time), naming the line and the key that asks for it."""
+    for s in sessions:
+        t, key = s.start_ms, "timestamp" if s.turns[0].at_ms is not None else None
+        for k, (n, turn) in enumerate(zip(lines[s.id], s.turns)):
+            if k:
+                t, key = t + (turn.delay_ms or 0.0), "delay"
+                if turn.at_ms is not None and turn.at_ms > t:
+                    t, key = turn.at_ms, "timestamp"
+            if t > MAX_SPAN_MS:
+                what = f"`{key}` puts this request" if key else "this session has no `timestamp` and starts"
+                raise TraceError(f"{source}:{n}: {what} {t / 86_400_000:.3g} days into the replay; a trace may span "
+                                 f"{MAX_SPAN_DAYS} days at most (`timestamp` and `delay` are in milliseconds)")
 
 
 def _shift(turn: Turn, t0: float) -> Turn:

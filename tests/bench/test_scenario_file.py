@@ -82,6 +82,7 @@ BAD = [
      "scenarios[0].sessions.output_tokens: needs min <= median <= max"),
     ("    profile: {max_model_len: 0}\n", "scenarios[0].profile.max_model_len: Input should be greater than 0"),
     ("    startup_median_s: fast\n", "scenarios[0].startup_median_s: Input should be a valid number"),
+    ("    warmup_s: '60'\n", "scenarios[0].warmup_s: Input should be a valid number (got '60')"),
 ]  # fmt: skip
 
 
@@ -100,13 +101,90 @@ def test_a_bad_file_exits_2_naming_the_key(tmp_path, capsys, extra, message):
     ("- name: x\n", "(top level): expected a mapping with `scenarios:`"),
     ("scenarios: [\n", "not valid YAML at line 2"),
     ("scenarios:\n  - {name: x, duration_min: 1, base_replicas: 1}\n  - {name: x, duration_min: 2, base_replicas: 1}\n",
-     "two scenarios are named 'x'"),
+     "f.yaml: scenarios[1].name: two scenarios are named 'x'; give each its own name"),
     ("scenarios:\n  - {name: X Y, duration_min: 1, base_replicas: 1}\n", "scenarios[0].name: String should match"),
 ])  # fmt: skip
 def test_reader_errors_name_the_place(text, message):
     with pytest.raises(scenario_file.ScenarioFileError) as exc:
         scenario_file.parse(text, "f.yaml")
     assert str(exc.value).startswith("f.yaml: ") and message in str(exc.value), str(exc.value)
+
+
+SCENARIO = "scenarios:\n  - name: x\n    duration_min: {duration}\n    base_replicas: {replicas}\n{extra}"
+
+
+def run_file(tmp_path, text, *argv):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return cli.main(["autoscale", "--scenario-file", str(path), "--engine", "fluid", "--quiet", *argv])
+
+
+def refused(text: str) -> str:
+    with pytest.raises(scenario_file.ScenarioFileError) as exc:  # the CLI exits 2 on it (tests above)
+        scenario_file.parse(text, "f.yaml")
+    return str(exc.value)
+
+
+# a run with any of these never ended (and its memory grew): refused before it starts (tested on the reader, so that
+# a regression fails rather than hangs)
+@pytest.mark.parametrize(("duration", "replicas", "extra", "message"), [
+    (".inf", 1, "", "scenarios[0].duration_min: Input should be a finite number (got inf)"),
+    (10, ".inf", "", "scenarios[0].base_replicas: Input should be a finite number (got inf)"),
+    (10, 1, "    shape: {points: [[0, 1], [1, .inf]]}\n", "scenarios[0].shape.points[1][1]: Input should be a finite"),
+    (10, 1, "    shape: {points: [[0, 1], [.inf, 2]]}\n", "scenarios[0].shape.points[1][0]: Input should be a finite"),
+    (10, 1, "    shape: {points: [[0, .nan]]}\n", "scenarios[0].shape.points[0][1]: Input should be a finite"),
+    (10, 1, "    bursts: {per_hour: .inf, minutes: 1}\n", "scenarios[0].bursts.per_hour: Input should be a finite"),
+    (10, 1, "    sessions: {output_tokens: {median: 5, sigma: 1, max: .inf}}\n",
+     "scenarios[0].sessions.output_tokens.max: Input should be a finite"),
+])  # fmt: skip
+def test_non_finite_numbers_are_refused_naming_the_key(duration, replicas, extra, message):
+    err = refused(SCENARIO.format(duration=duration, replicas=replicas, extra=extra))
+    assert err.startswith(f"f.yaml: {message}") and "fix this value" in err, err
+
+
+# YAML's types are the ones written: a quoted number or a boolean is a slip, refused (an int is still a float)
+@pytest.mark.parametrize(("duration", "replicas", "extra", "message"), [
+    ('"10"', 1, "", "scenarios[0].duration_min: Input should be a valid number (got '10')"),
+    (10, "true", "", "scenarios[0].base_replicas: Input should be a valid number (got True)"),
+    (10, 1, "    sessions: {context_limit: [1000.5, 2000]}\n",
+     "scenarios[0].sessions.context_limit[0]: Input should be a valid integer (got 1000.5)"),
+    (10, 1, "    shape: {points: [[0, yes]]}\n", "scenarios[0].shape.points[0][1]: Input should be a valid number"),
+    (10, 1, "    profile: {max_model_len: '4096'}\n",
+     "scenarios[0].profile.max_model_len: Input should be a valid integer (got '4096')"),
+])  # fmt: skip
+def test_numbers_must_be_written_as_numbers(duration, replicas, extra, message):
+    err = refused(SCENARIO.format(duration=duration, replicas=replicas, extra=extra))
+    assert err.startswith(f"f.yaml: {message}"), err
+    # ints for floats, and pairs written as YAML lists, are fine
+    text = SCENARIO.format(duration=10, replicas=2, extra="    shape: {points: [[0, 1], [5, 2]]}\n"
+                                                          "    sessions: {context_limit: [1000, 2000]}\n")
+    (sc,) = scenario_file.parse(text)
+    assert sc.base_replicas == 2.0 and sc.knots == ((0, 1), (300, 2))
+
+
+def test_a_list_items_error_is_explained_by_the_list_key():
+    err = refused(SCENARIO.format(duration=10, replicas=1, extra="    shape: {points: [[0, 1, 2]]}\n"))
+    assert "f.yaml: scenarios[0].shape.points[0]: Tuple should have at most 2 items" in err
+    assert "fix this value. points: (minute, multiplier) points" in err, err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("    sessions: {system_prompt_tokens: " + "9" * 5000 + "}\n",
+     "s.yaml: line 5: system_prompt_tokens: a number of more than 4300 digits"),
+    ("    description: [" + "[" * 5000 + "]" * 5000 + "]\n", "s.yaml: not valid YAML: nested too deeply"),
+    ("    description: 2024-13-01\n", "s.yaml: a value YAML cannot read (month must be in 1..12)"),
+])  # fmt: skip
+def test_values_yaml_cannot_convert_exit_2(tmp_path, capsys, extra, message):
+    assert run_file(tmp_path, SCENARIO.format(duration=10, replicas=1, extra=extra)) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--scenario-file", "s.yaml"], ["--scenarios", "bogus"], ["--scenarios", "diurnal"]])
+def test_quick_refuses_other_scenarios_instead_of_ignoring_them(tmp_path, capsys, argv):
+    (tmp_path / "s.yaml").write_text("not: a scenario file\n")
+    argv = [str(tmp_path / a) if a == "s.yaml" else a for a in argv]
+    assert cli.main(["autoscale", "--quick", "--engine", "fluid", "--quiet", *argv]) == 2
+    assert "--quick runs its own scenario (quick-flash): drop --scenario-file/--scenarios" in capsys.readouterr().err
 
 
 def test_a_missing_file_exits_2(tmp_path, capsys):

@@ -242,6 +242,10 @@ def autoscale(argv: list[str]) -> int:
     if args.heldout:
         return heldout(args, profile, progress)
     if args.quick:
+        if args.scenario_file or args.scenarios:  # refused rather than ignored: the user asked for them
+            print(f"flashserve bench autoscale: --quick runs its own scenario ({QUICK_SCENARIO.name}): drop "
+                  "--scenario-file/--scenarios, or drop --quick to run them", file=sys.stderr)  # fmt: skip
+            return 2
         scenarios = [QUICK_SCENARIO]
         seeds = args.seeds or [1]
     else:

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 BUILTIN_FILES = ("agentic-bursty", "diurnal", "flash-crowd")
@@ -38,10 +40,13 @@ MIN = 60.0
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+Lax = Strict(False)  # YAML has no tuples: a pair is written as a list (its items stay strict)
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `"10"` or `true` for a number is a slip, not a number (an int is still a float); no .inf or .nan,
+    # with which a run never ends
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Dist(_Model):
@@ -94,7 +99,7 @@ class DiurnalShape(_Model):
 class Shape(_Model):
     """The session rate's multiplier over time: exactly one of the four ways to give it."""
 
-    points: list[tuple[NonNegFloat, NonNegFloat]] | None = Field(
+    points: list[Annotated[tuple[NonNegFloat, NonNegFloat], Lax]] | None = Field(
         None, description="(minute, multiplier) points, linear in between and flat beyond the ends."
     )
     step: StepShape | None = None
@@ -160,7 +165,7 @@ class Drift(_Model):
 class Sessions(_Model):
     """Overrides of the session model (each unset key keeps the engine profile's workload)."""
 
-    context_limit: tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]] | None = Field(
+    context_limit: Annotated[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]], Lax] | None = Field(
         None, description="A session ends once its context passes a limit drawn uniformly from [lo, hi] tokens."
     )
     system_prompt_tokens: Annotated[int, Field(ge=0)] | None = Field(
@@ -241,15 +246,6 @@ class ScenarioFile(_Model):
 
     scenarios: Annotated[list[ScenarioSpec], Field(min_length=1)] = Field(description="The scenarios it holds.")
 
-    @model_validator(mode="after")
-    def _unique(self) -> ScenarioFile:
-        seen: set[str] = set()
-        for sc in self.scenarios:
-            if sc.name in seen:
-                raise ValueError(f"two scenarios are named {sc.name!r}: give each its own name")
-            seen.add(sc.name)
-        return self
-
 
 class ScenarioFileError(ValueError):
     """A scenario file that cannot be read: the message names the file, the key and the fix."""
@@ -313,7 +309,8 @@ def _explain(exc: ValidationError, source: str) -> str:
         fix = (f"did you mean {close[0]!r}? " if close else "") + (f"the keys here: {', '.join(keys)}" if keys else "remove it")
         return f"{source}: {where}: unknown key; {fix}{more}"
     field = _field(loc)
-    what = f". {loc[-1]}: {field.description}" if field is not None and field.description else ""
+    key = next((p for p in reversed(loc) if not isinstance(p, int)), "")  # `points`, not the point's index
+    what = f". {key}: {field.description}" if field is not None and field.description else ""
     if kind == "missing":
         return f"{source}: {where}: required key missing; add it{more}{what}"
     msg = err["msg"].removeprefix("Value error, ")
@@ -330,13 +327,30 @@ def parse(text: str, source: str = "<scenario file>") -> list:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ScenarioFileError(f"{source}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    except RecursionError:
+        raise ScenarioFileError(f"{source}: not valid YAML: nested too deeply") from None
+    except ValueError as exc:  # PyYAML's constructors: an integer past Python's digit limit, a date like 2024-13-01
+        limit = sys.get_int_max_str_digits()
+        long = re.search(rf"\d{{{limit + 1},}}", text) if limit else None
+        if long:
+            line = text.count("\n", 0, long.start()) + 1
+            key = re.search(r"([\w.-]+)\s*:\s*[-+]?$", text[: long.start()])
+            raise ScenarioFileError(f"{source}: line {line}: {key[1] + ': ' if key else ''}a number of more than "
+                                    f"{limit} digits; no key takes one that long: fix this value") from None
+        raise ScenarioFileError(f"{source}: a value YAML cannot read ({str(exc).split(';')[0]}): fix it") from None
     if not isinstance(doc, dict):
+        got = "an empty file" if doc is None else type(doc).__name__
         raise ScenarioFileError(f"{source}: (top level): expected a mapping with `scenarios:` (a list of "
-                                "scenarios), got " + type(doc).__name__)  # fmt: skip
+                                f"scenarios), got {got}")  # fmt: skip
     try:
         spec = ScenarioFile.model_validate(doc)
     except ValidationError as exc:
         raise ScenarioFileError(_explain(exc, source)) from None
+    names = [sc.name for sc in spec.scenarios]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ScenarioFileError(f"{source}: scenarios[{i}].name: two scenarios are named {name!r}; give each "
+                                    "its own name")  # fmt: skip
     return [s.to_scenario() for s in spec.scenarios]
 
 
