@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 
 from flashserve_testbed.engine.profile import LogNormal
@@ -94,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = parser()
     args = p.parse_args(argv)
-    if args.time_scale <= 0 or args.trace_speedup <= 0:
-        p.error("--time-scale and --trace-speedup must be positive")
+    # written so that NaN fails too: it compares false with everything
+    if not (0 < args.time_scale < math.inf and 0 < args.trace_speedup < math.inf):
+        p.error("--time-scale and --trace-speedup must be positive, finite numbers")
+    if not 0 <= args.trace_session_gap < math.inf:
+        p.error("--trace-session-gap must be a finite number of seconds >= 0")
     try:
         schedule = load_schedule(args.schedule)
         workload = workload_from_args(args)

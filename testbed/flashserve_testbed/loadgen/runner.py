@@ -114,6 +114,15 @@ class _Run:
         self.progress(line)  # type: ignore[misc]
 
 
+def _raise_failures(tasks: list[asyncio.Task]) -> None:
+    """A session task that raised (a bug of the generator, not an answer the endpoint gave, which is a recorded
+    error) would otherwise vanish with its requests from the counts: the run fails instead, saying why."""
+    failed = [e for t in tasks if t.done() and not t.cancelled() and (e := t.exception()) is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(tasks)} sessions failed in the load generator, the first with "
+                           f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
+
+
 async def _drain(tasks: set[asyncio.Task], seconds: float) -> None:
     if tasks:
         _, pending = await asyncio.wait(tasks, timeout=seconds)
@@ -163,6 +172,7 @@ async def run_load(
         model = model or await first_model(http, base_url.rstrip("/"), headers)
         stop = asyncio.Event()
         live: dict[int, tuple[Session, asyncio.Event, asyncio.Task]] = {}
+        started: list[asyncio.Task] = []
         next_sid = 0
 
         async def converse(s: Session, leave: asyncio.Event) -> None:
@@ -197,6 +207,7 @@ async def run_load(
                 next_sid += 1
                 leave = asyncio.Event()
                 live[s.sid] = (s, leave, asyncio.ensure_future(converse(s, leave)))
+                started.append(live[s.sid][2])
             for sid in sorted(staying, reverse=True)[: max(0, len(staying) - target)]:
                 live[sid][1].set()  # a step down: the newest sessions leave after their current turn
             run.sample(target, len(live))
@@ -204,6 +215,7 @@ async def run_load(
         stop.set()
         await _drain({task for _, _, task in live.values()}, drain_seconds)
         wall = run.now()
+        _raise_failures(started)
     config = {"mode": "sessions", "base_url": base_url, "model": model, "schedule": str(sched), "duration": end,
               "max_requests": max_requests, "time_scale": time_scale, "seed": seed, "session_prefix": session_prefix,
               "workload": _describe(wl)}
@@ -243,6 +255,7 @@ async def replay_trace(
     async with aiohttp.ClientSession(connector=connector, read_bufsize=2**18) as http:
         model = model or await first_model(http, base_url.rstrip("/"), headers)
         tasks: set[asyncio.Task] = set()
+        started: list[asyncio.Task] = []
 
         async def wait_until(at_s: float) -> None:
             delay = at_s / time_scale - run.now()
@@ -279,6 +292,7 @@ async def replay_trace(
                     break
                 await wait_until(at)
                 task = asyncio.ensure_future(session(i, sess))
+                started.append(task)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             # closed-loop sessions go on after the last start: wait for them (bounded by the duration, if any)
@@ -289,6 +303,7 @@ async def replay_trace(
         finally:
             sampler.cancel()
         wall = run.now()
+        _raise_failures(started)
     config = {"mode": tr.format, "base_url": base_url, "model": model, "trace": tr.source or f"{tr.requests} requests",
               "sessions": len(tr.sessions), "speedup": speedup, "time_scale": time_scale, "duration": duration,
               "max_requests": max_requests, "seed": seed}  # fmt: skip
