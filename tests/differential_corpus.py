@@ -128,6 +128,11 @@ def _broken(rng: random.Random, base: dict) -> list[tuple[str, dict]]:
         ("computeDomainAccelerator", _set({"placement": {"accelerator": plain}}, "placement.computeDomain",
                                           rng.choice([{"enabled": True}, {"resourceClaimTemplateName": "imex"}]))),
         ("computeDomainBoth", _set(gb, "placement.computeDomain", {"enabled": True, "resourceClaimTemplateName": "imex"})),
+        ("computeDomainOthersChannel", _set(gb, "placement.computeDomain", {"resourceClaimTemplateName":
+                                            f"team-{rng.randint(0, 9)}--s3biq3cr-g{rng.randint(0, 9)}-cd-channel"})),
+        ("servedNameFlag", _set(base, "model.servedModelNames", ["flash", rng.choice(["--tokens-only", "-x"])])),
+        ("prometheusUrlBackslash", _set(base, "autoscaling", {"enabled": True,
+                                        "prometheusUrl": "http://169.254.169.254\\.monitoring.svc/"})),
         ("weightsSourceBoth", _set(base, "model.source", {"pvc": {"claimName": "w"}, "huggingFace": {}})),
         ("startupWeightsCache", _set(_set(base, "model.source", rng.choice([{"pvc": {"claimName": "w"}},
                                                                            {"huggingFace": {"cachePvcName": "hf"}}])),

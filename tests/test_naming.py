@@ -125,3 +125,17 @@ def test_common_names_keep_their_endpoint_and_label():
     objs = _objects("flash", 1)
     sts = next(o for o in objs if o["kind"] == "StatefulSet")
     assert sts["metadata"]["labels"][SERVING_LABEL] == "flash" and sts["metadata"]["labels"][GROUP_LABEL] == "0"
+
+
+def test_the_channel_templates_the_operator_names_are_the_ones_a_serving_may_not_claim():
+    """api.v1alpha1.OPERATOR_CHANNEL_TEMPLATE must match every template name the renderer makes (the claim of
+    another serving's channel is refused by it), and no name a user's own template would plausibly have."""
+    import re
+
+    from flashserve.api.v1alpha1 import OPERATOR_CHANNEL_TEMPLATE
+
+    for serving in ("flash", "a" * 253, "x.y-z", "team-a"):
+        for index in (0, 7, 123):
+            assert re.search(OPERATOR_CHANNEL_TEMPLATE, f"{compute_domain_name(serving, index)}-channel")
+    for own in ("imex-channel", "my-cd-channel"):
+        assert not re.search(OPERATOR_CHANNEL_TEMPLATE, own)

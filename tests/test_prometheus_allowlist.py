@@ -43,6 +43,26 @@ def test_allow_entries_add_prefixes_and_host_patterns():
     assert PrometheusAllowList(own_namespace=False).refusal("http://p.ns.svc", "ns") is not None
 
 
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254\\.monitoring.svc/",  # requests ends the host at the backslash: it would reach 169.254...
+    "http://10.0.0.1\\@p.monitoring.svc/",
+    "http://p.monitoring.svc%2f@10.0.0.1/",
+    "http://p.monitoring.svc/a\\b",
+])  # fmt: skip
+def test_urls_whose_host_the_http_client_reads_differently_are_refused(url):
+    """The allow-list and the client must judge the same host: a host part with anything but a name, an IP and a
+    port is refused, by the operator and by the CRD's pattern (the API server refuses it at admission)."""
+    import re
+
+    from flashserve.api.v1alpha1 import PROMETHEUS_URL
+
+    allow = PrometheusAllowList(entries=("*.monitoring.svc",))
+    assert allow.refusal(url, "team-a") is not None
+    assert re.fullmatch(PROMETHEUS_URL, url) is None
+    assert allow.refusal("http://p.monitoring.svc:9090/prom", "team-a") is None
+    assert re.fullmatch(PROMETHEUS_URL, "http://p.monitoring.svc:9090/prom")
+
+
 def test_flags_and_environment(monkeypatch):
     args = _parser().parse_args(["--prometheus-allow", "a.example,b.example", "--prometheus-allow", "c.example",
                                  "--no-prometheus-allow-own-namespace"])  # fmt: skip

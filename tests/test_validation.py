@@ -63,6 +63,12 @@ def test_minimal_spec_is_a_sensible_deployment():
         ({"engine": {"extraArgs": ["--profiler-config.profiler=torch"]}}, "spec.engine.extraArgs[0]", "/start_profile"),
         ({"engine": {"extraArgs": ["--tokens-only"]}}, "spec.engine.extraArgs[0]", "any client of the serving"),
         ({"engine": {"extraArgs": ["--no-tokens-only"]}}, "spec.engine.extraArgs[0]", "turns --tokens-only off"),
+        # a name or revision starting with `-` would be read by vLLM as a flag of its own
+        ({"model": {"servedModelNames": ["flash", "--tokens-only"]}}, "spec.model.servedModelNames[1]", "pattern"),
+        ({"model": {"revision": "--headless"}}, "spec.model.revision", "pattern"),
+        ({"parallelism": {"nodesPerReplica": 2}, "placement": {"computeDomain": {
+            "resourceClaimTemplateName": "team-a--s3biq3cr-g0-cd-channel"}}},
+         "spec.placement.computeDomain.resourceClaimTemplateName", "the operator creates for a serving"),
         ({"engine": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "spec.engine.env[1].name", "twice"),
         ({"engine": {"kvCacheDtype": "int4"}}, "spec.engine.kvCacheDtype", "fp8_ds_mla"),
         ({"placement": {"accelerator": "H100"}}, "spec.placement.accelerator", "GB200"),

@@ -155,6 +155,12 @@ RULES: dict[str, list[dict[str, str]]] = {
             "ResourceClaimTemplate, not both",
             "fieldPath": ".resourceClaimTemplateName",
         },
+        {
+            "rule": f"!has(self.resourceClaimTemplateName) || "
+            f"!self.resourceClaimTemplateName.matches('{api.OPERATOR_CHANNEL_TEMPLATE}')",
+            "message": api.CHANNEL_MESSAGE,
+            "fieldPath": ".resourceClaimTemplateName",
+        },
     ],
     "AutoscalingSpec": [
         {

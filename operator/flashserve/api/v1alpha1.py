@@ -47,6 +47,13 @@ STARTUP_RECENT_MAX = 8
 STARTUP_WARM_KERNELS_MAX = 16
 
 K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+# The IMEX channel templates the operator creates for a serving's groups (render/naming.py compute_domain_name
+# plus `-channel`): a serving may not name another's, whose pods would then join that serving's IMEX domain.
+OPERATOR_CHANNEL_TEMPLATE = r"--[a-z0-9]{8}-g[0-9]+-cd-channel$"
+CHANNEL_MESSAGE = ("names the IMEX channel template the operator creates for a serving: set computeDomain.enabled "
+                   "for a ComputeDomain of this serving's own, or name a template you created")
+SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+PROMETHEUS_URL = r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?(/[^\s\\]*)?$"
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 Quantity = Annotated[int | str, Field(json_schema_extra=QUANTITY_JSON_SCHEMA)]
@@ -105,9 +112,11 @@ class WeightsSource(_Model):
 class ModelSpec(_Model):
     name: str = Field(DEFAULT_MODEL, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
     """Hugging Face model id."""
-    revision: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z0-9._/-]+$")
+    # The first character may not be `-`: the value follows a flag on vLLM's command line, where `--x` would
+    # be read as a flag of its own (served names follow each other, so a later one could add any flag).
+    revision: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
     """Model revision (branch, tag or commit) to pin; pinning a commit is recommended for production."""
-    served_model_names: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/-]+$")]] = (
+    served_model_names: list[Annotated[str, Field(min_length=1, max_length=256, pattern=SERVED_NAME)]] = (
         Field(default_factory=lambda: [DEFAULT_SERVED_NAME], min_length=1, max_length=8)
     )
     """Names clients use in the `model` field of OpenAI requests; the first is the one reported in metrics."""
@@ -328,7 +337,9 @@ class AutoscalingSpec(_Model):
     max_replicas: int = Field(4, ge=1, le=MAX_GROUPS)
     """Most replica groups (the GPU budget); at most 256, the groups one serving may hold."""
     sla: SLASpec = Field(default_factory=SLASpec)
-    prometheus_url: str | None = Field(None, max_length=1024, pattern=r"^https?://[^\s]+$")
+    # A host name or IP literal, an optional port, then a path: no user@, no backslash (which the HTTP client
+    # reads as the end of the host where a URL parser does not), so the allow-list judges the host it will reach.
+    prometheus_url: str | None = Field(None, max_length=1024, pattern=PROMETHEUS_URL)
     """Prometheus that scrapes the engines; unset uses the operator's --prometheus-url."""
     evaluation_interval_seconds: int = Field(15, ge=1, le=3600)
     metrics_window_seconds: int = Field(60, ge=10, le=1800)

@@ -16,7 +16,12 @@ from pydantic import ValidationError
 
 from flashserve.api import context_length, kubevalues, quantity
 from flashserve.api.startup_validation import startup_errors
-from flashserve.api.v1alpha1 import DeepSeekServing, DeepSeekServingSpec
+from flashserve.api.v1alpha1 import (
+    CHANNEL_MESSAGE,
+    OPERATOR_CHANNEL_TEMPLATE,
+    DeepSeekServing,
+    DeepSeekServingSpec,
+)
 from flashserve.facts import vllm_rules
 from flashserve.facts.accelerators import accelerator
 from flashserve.facts.cache_env import CACHE_ENV_NAMES, DEEP_GEMM_WARMUP_ENV
@@ -189,6 +194,8 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
                 "ResourceClaimTemplate, not both",
             )
         )
+    if cd.resource_claim_template_name and re.search(OPERATOR_CHANNEL_TEMPLATE, cd.resource_claim_template_name):
+        errs.append(FieldError("spec.placement.computeDomain.resourceClaimTemplateName", CHANNEL_MESSAGE))
     src = spec.model.source
     if src.hugging_face is not None and src.pvc is not None:
         errs.append(

@@ -17,13 +17,21 @@ from urllib.parse import urlsplit
 _SERVICE_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 
 
+# What the host part may hold: a name or an IP literal, and a port. The HTTP client and urlsplit must agree on
+# the host, and they part ways over characters such as `\` (the client ends the host there, urlsplit does not:
+# `http://10.0.0.1\.monitoring.svc/` would pass `*.monitoring.svc` and reach 10.0.0.1), `@` and `%`.
+_NETLOC = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?")
+
+
 def _origin(url: str) -> tuple[str, str, int] | None:
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
         return None
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+    if parts.scheme not in ("http", "https") or not parts.hostname or not _NETLOC.fullmatch(parts.netloc):
+        return None
+    if "\\" in url:
         return None
     return parts.scheme, parts.hostname.lower().rstrip("."), port or (443 if parts.scheme == "https" else 80)
 
@@ -41,7 +49,7 @@ class PrometheusAllowList:
         """None when `url` may be queried for a serving in `namespace`; else why not."""
         origin = _origin(url)
         if origin is None:
-            return "not an http(s) URL with a host (and no user:password@)"
+            return "not an http(s) URL of a host name or IP address, an optional port and a path (no user@, no \\)"
         _, host, port = origin
         if self.operator_url and _origin(self.operator_url) == origin:
             return None
