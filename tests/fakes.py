@@ -322,8 +322,13 @@ class FakePrometheus(BaseHTTPRequestHandler):
 class RecordingKube:
     """The two writes the autoscaler makes, recorded instead of sent."""
 
-    def __init__(self):
+    def __init__(self, objects: dict | None = None):
         self.calls: list[tuple] = []
+        self.objects = objects or {}  # (kind, namespace, name) -> object, for the reads it makes
+
+    def get(self, namespace, kind, name):
+        self.calls.append(("get", kind, namespace, name))
+        return self.objects.get((kind, namespace, name))
 
     def patch_spec_replicas(self, namespace, name, replicas, resource_version):
         self.calls.append(("replicas", namespace, name, replicas, resource_version))

@@ -136,3 +136,38 @@ def test_a_non_prometheus_answer_is_a_bad_response(endpoint, events):  # noqa: F
     url, _ = endpoint(200)
     cond = _metrics_condition(loopback_scaler(), url)
     assert "BadResponse" in cond.message and "internal-only" not in cond.message
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ({"type": "ExternalName", "externalName": "metadata.internal"}, "is an ExternalName alias of another host"),
+    ({"type": "ClusterIP", "ports": [{"port": 9090}]}, "has no selector"),
+    (None, "no Service prom in namespace team-a"),
+])  # fmt: skip
+def test_an_own_namespace_service_that_could_point_anywhere_is_not_queried(spec, words, events):
+    """A Service of the serving's namespace is the tenant's to define: as an ExternalName alias, or with endpoints
+    written by hand, it would send the operator's request wherever the tenant chose. The operator reads it first
+    and sends nothing (the refusal comes before any connection, so no name is resolved)."""
+    from flashserve.controller.autoscale import Autoscaler
+
+    objects = {} if spec is None else {("Service", "team-a", "prom"): {"spec": spec}}
+    kube = RecordingKube(objects)
+    conds, _ = evaluate(Autoscaler(), body_for("http://prom.team-a.svc:9090"), ready_observed(2), kube)
+    cond = {c.type: c for c in conds}["MetricsAvailable"]
+    assert cond.status == "False" and "NotAllowed" in cond.message and words in cond.message, cond.message
+    assert ("get", "Service", "team-a", "prom") in kube.calls
+
+
+def test_only_urls_allowed_as_own_namespace_services_are_checked_as_services():
+    allow = PrometheusAllowList(operator_url="http://op.monitoring.svc:9090", entries=("*.team-a.svc",))
+    assert PrometheusAllowList().own_service("http://prom.team-a.svc.cluster.local:9090/x", "team-a") == "prom"
+    assert allow.own_service("http://prom.team-a.svc:9090", "team-a") is None  # listed by the operator's admin
+    assert allow.own_service("http://op.monitoring.svc:9090", "team-a") is None
+    assert PrometheusAllowList(own_namespace=False).own_service("http://prom.team-a.svc", "team-a") is None
+    assert PrometheusAllowList().own_service("http://prom.team-b.svc", "team-a") is None
+
+
+def test_a_service_that_selects_pods_is_queried():
+    from flashserve.controller.autoscale import service_refusal
+
+    kube = RecordingKube({("Service", "team-a", "prom"): {"spec": {"selector": {"app": "prometheus"}}}})
+    assert service_refusal(kube, "team-a", "prom") is None

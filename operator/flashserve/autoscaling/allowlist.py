@@ -45,6 +45,17 @@ class PrometheusAllowList:
     own_namespace: bool = True
     """Allow Services of the serving's own namespace."""
 
+    def own_service(self, url: str, namespace: str) -> str | None:
+        """The Service's name when `url` is allowed only as a Service of the serving's own namespace: what such a
+        Service points at is the namespace's to choose (an ExternalName alias, endpoints without a selector), so
+        the operator looks at it before it sends anything (controller/autoscale.py)."""
+        origin = _origin(url)
+        if origin is None or (self.operator_url and _origin(self.operator_url) == origin):
+            return None
+        m = re.fullmatch(rf"({_SERVICE_LABEL})\.{re.escape(namespace)}\.svc(\.cluster\.local)?", origin[1])
+        listed = PrometheusAllowList(None, self.entries, own_namespace=False).refusal(url, namespace) is None
+        return m[1] if self.own_namespace and m and not listed else None
+
     def refusal(self, url: str, namespace: str) -> str | None:
         """None when `url` may be queried for a serving in `namespace`; else why not."""
         origin = _origin(url)

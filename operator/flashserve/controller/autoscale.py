@@ -90,6 +90,24 @@ def startup_samples(body: dict) -> tuple[StartupSample, ...]:
     return tuple(out)
 
 
+def service_refusal(kube: Kube, namespace: str, name: str) -> str | None:
+    """Why the serving's own Service `name` may not be queried, else None: one that aliases another host
+    (ExternalName) or has no selector (its endpoints are whatever was written into them) would take the
+    operator's request wherever its author chose."""
+    try:
+        svc = kube.get(namespace, "Service", name)
+    except ApiException as exc:
+        return f"could not read Service {name} ({exc.status}): the operator checks what a Service points at first"
+    if svc is None:
+        return f"no Service {name} in namespace {namespace}"
+    spec = svc.get("spec") or {}
+    if spec.get("type") == "ExternalName":
+        return f"Service {name} is an ExternalName alias of another host: name the Prometheus itself"
+    if not spec.get("selector"):
+        return f"Service {name} has no selector, so its endpoints can be any address: select the Prometheus pods"
+    return None
+
+
 class Autoscaler:
     def __init__(self, default_prometheus_url: str | None = None, allow: PrometheusAllowList | None = None):
         self.default_prometheus_url = default_prometheus_url
@@ -135,7 +153,11 @@ class Autoscaler:
         url = obj.spec.autoscaling.prometheus_url or self.default_prometheus_url
 
         counts = replica_counts(obj, observed)
-        refusal = self.allow.refusal(url, namespace) if url and url != self.default_prometheus_url else None
+        chosen = url if url and url != self.default_prometheus_url else None  # the operator's own needs no check
+        refusal = self.allow.refusal(chosen, namespace) if chosen else None
+        service = self.allow.own_service(chosen, namespace) if chosen and not refusal else None
+        if service:
+            refusal = await asyncio.to_thread(service_refusal, kube, namespace, service)
         if refusal:
             snapshot, error = None, f"NotAllowed: spec.autoscaling.prometheusUrl {url}: {refusal}"
         elif url:
