@@ -73,3 +73,10 @@ def test_timeseries_in_engine_seconds_with_a_time_scale():
     assert len(ts) == 5  # 0.5 wall s = 5 engine s
     assert sum(b["output_tokens_per_s"] for b in ts) == pytest.approx(11)
     assert report.summary()["per_user_tokens_per_s"]["p50"] == pytest.approx(10.0)
+
+
+def test_errors_without_an_http_status_are_counted_by_what_failed():
+    down = RequestRecord(session=0, turn=0, start=0.0, end=0.1, error="ClientConnectorError: Cannot connect to host")
+    cut = RequestRecord(session=1, turn=0, start=0.0, end=0.1, error="stream cut: ended after 3 chunks without [DONE]")
+    s = LoadReport([down, cut], wall_seconds=1.0).summary()
+    assert s["errors"] == {"ClientConnectorError": 1, "stream cut": 1}

@@ -91,7 +91,8 @@ class LoadReport:
         errors: dict[str, int] = {}
         for r in self.records:
             if r.error:
-                key = f"{r.status or 'error'}"
+                # an HTTP status, else what failed: "ClientConnectorError" says the endpoint was not there
+                key = str(r.status) if r.status else r.error.split(":", 1)[0].strip() or "error"
                 errors[key] = errors.get(key, 0) + 1
         out = {
             "requests": len(self.records),
