@@ -172,10 +172,10 @@ def test_numbers_are_read_as_kubectl_reads_them(tmp_path, capsys):
     from flashserve.commands import render as cmd
 
     doc = cmd._Loader(GOOD.replace("{replicas: 1}", "{a: 15:00, b: 1e3, c: 1.5e3, d: 6.0, e: 0x1f, f: 1_000, g: 2.5, "
-                                                    "h: 2024-01-01, i: .inf}"))  # fmt: skip
+                                                    "h: 2024-01-01, i: .inf, j: y, k: N, l: yes, m: no_}"))  # fmt: skip
     spec = doc.get_single_data()["spec"]
     assert spec == {"a": "15:00", "b": 1000, "c": 1500, "d": 6, "e": 31, "f": 1000, "g": 2.5, "h": "2024-01-01",
-                    "i": float("inf")}  # fmt: skip
+                    "i": float("inf"), "j": True, "k": False, "l": True, "m": "no_"}  # fmt: skip
     err = _errors_of(tmp_path, capsys, GOOD.replace("{replicas: 1}", "{autoscaling: {replicaStartupSeconds: 15:00}}"))
     assert "spec.autoscaling.replicaStartupSeconds: Input should be a valid integer" in err, err
 

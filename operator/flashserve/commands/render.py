@@ -73,6 +73,8 @@ class _Loader(yaml.SafeLoader):
         return super().construct_yaml_int(node)
 
 
+    bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
+
     def construct_yaml_float(self, node):  # type: ignore[no-untyped-def]
         value = super().construct_yaml_float(node)
         # kubectl sends JSON, where 2.0 is written 2: an integral number is an integer to the API server
@@ -83,8 +85,9 @@ _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
 # Numbers and dates as kubectl's YAML reader (go-yaml v2, through sigs.k8s.io/yaml) reads them, not as PyYAML's
 # YAML 1.1: no base-60 (`15:00` is a string there, 900 here), `1e3` and `1.5e3` are numbers (PyYAML wants a dot
-# and a signed exponent), and a date stays a string (go-yaml keeps timestamps as strings unless the target is a
-# time). A file must mean the same thing to `flashserve validate` as to `kubectl apply`.
+# and a signed exponent), `y` and `n` are booleans, and a date stays a string (go-yaml keeps timestamps as
+# strings unless the target is a time). A file must mean the same thing to `flashserve validate` as to
+# `kubectl apply`.
 _INT, _FLOAT, _TIMESTAMP = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp"
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT, _TIMESTAMP)]
@@ -94,6 +97,8 @@ _Loader.add_implicit_resolver(
     _INT, re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
     list("-+0123456789"),
 )
+# go-yaml v2's booleans include y, Y, n and N, which PyYAML reads as strings
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
 _Loader.add_implicit_resolver(
     _FLOAT,
     re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
