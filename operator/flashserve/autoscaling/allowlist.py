@@ -50,35 +50,47 @@ class PrometheusAllowList:
         Service points at is the namespace's to choose (an ExternalName alias, endpoints without a selector), so
         the operator looks at it before it sends anything (controller/autoscale.py)."""
         origin = _origin(url)
-        if origin is None or (self.operator_url and _origin(self.operator_url) == origin):
+        if origin is None or self._is_operators(origin) or not self.own_namespace:
             return None
-        m = re.fullmatch(rf"({_SERVICE_LABEL})\.{re.escape(namespace)}\.svc(\.cluster\.local)?", origin[1])
-        listed = PrometheusAllowList(None, self.entries, own_namespace=False).refusal(url, namespace) is None
-        return m[1] if self.own_namespace and m and not listed else None
+        name = _service_of(origin[1], namespace)
+        return name if name and not self._listed(origin, url) else None
 
     def refusal(self, url: str, namespace: str) -> str | None:
         """None when `url` may be queried for a serving in `namespace`; else why not."""
         origin = _origin(url)
         if origin is None:
             return "not an http(s) URL of a host name or IP address, an optional port and a path (no user@, no \\)"
+        if self._is_operators(origin) or (self.own_namespace and _service_of(origin[1], namespace)):
+            return None
+        if self._listed(origin, url):
+            return None
+        return (f"the operator allows only its own --prometheus-url, Services of namespace {namespace} "
+                "(<service>.<namespace>.svc) and its --prometheus-allow list")  # fmt: skip
+
+    def _is_operators(self, origin: tuple[str, str, int]) -> bool:
+        return bool(self.operator_url) and _origin(self.operator_url) == origin
+
+    def _listed(self, origin: tuple[str, str, int], url: str) -> bool:
+        """Whether a --prometheus-allow entry admits the URL."""
         _, host, port = origin
-        if self.operator_url and _origin(self.operator_url) == origin:
-            return None
-        if self.own_namespace and re.fullmatch(rf"{_SERVICE_LABEL}\.{re.escape(namespace)}\.svc(\.cluster\.local)?", host):
-            return None
         path = urlsplit(url).path or "/"
         for entry in self.entries:
             if "://" in entry:
                 if _origin(entry) == origin and _under(path, urlsplit(entry).path or "/"):
-                    return None
+                    return True
                 continue
             pattern, _, want_port = entry.lower().partition(":")
             if want_port and (not want_port.isdigit() or int(want_port) != port):
                 continue
             if pattern.startswith("*.") and host.endswith(pattern[1:]) or host == pattern:
-                return None
-        return (f"the operator allows only its own --prometheus-url, Services of namespace {namespace} "
-                "(<service>.<namespace>.svc) and its --prometheus-allow list")  # fmt: skip
+                return True
+        return False
+
+
+def _service_of(host: str, namespace: str) -> str | None:
+    """The Service name when `host` names a Service of `namespace` (`<service>.<namespace>.svc[.cluster.local]`)."""
+    m = re.fullmatch(rf"({_SERVICE_LABEL})\.{re.escape(namespace)}\.svc(\.cluster\.local)?", host)
+    return m[1] if m else None
 
 
 def _under(path: str, prefix: str) -> bool:

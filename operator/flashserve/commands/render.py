@@ -165,11 +165,17 @@ def _objects(path: str, namespace: str | None) -> list[dict]:
         try:
             out += render_serving(parse_serving(doc))
         except SpecError as exc:
-            errors += [FieldError(e.path if not where else where if e.path == "(document)" else f"{where}: {e.path}",
-                                  e.message) for e in exc.errors]  # fmt: skip
+            errors += [FieldError(_in_document(where, e.path), e.message) for e in exc.errors]
     if errors:
         raise SpecError(errors)
     return out
+
+
+def _in_document(where: str, path: str) -> str:
+    """An error's path, led by its document when the file has several (`document 2 (flash-b): spec.replicas`)."""
+    if not where:
+        return path
+    return where if path == "(document)" else f"{where}: {path}"
 
 
 ERROR_MAX_CHARS = 2000  # of one error line: a message that quotes a megabyte-long value quotes its start
