@@ -321,3 +321,31 @@ def test_api_server_and_validate_agree_on_vllm_rules(case: str, crd_installed: s
         ours = False
     proc = kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(cr), check=False)
     assert (proc.returncode == 0) == ours, f"validate {'admits' if ours else 'refuses'}; API server: {proc.stderr or proc.stdout}"
+
+
+def test_kubectl_reads_a_yaml_file_as_validate_does(crd_installed: str, namespace: str, kubectl, tmp_path):
+    """`flashserve validate` reads YAML as kubectl does (go-yaml v2 through sigs.k8s.io/yaml): no base-60, `y`
+    and `on` as booleans, boolean and number keys written as text. Here kubectl reads the same file and the API
+    server stores it: the stored object must be what the offline reader read."""
+    from flashserve.commands.render import _Loader
+
+    text = (f"apiVersion: flashserve.io/v1alpha1\nkind: DeepSeekServing\n"
+            f"metadata:\n  name: yaml-read\n  namespace: {namespace}\n"
+            "  labels: {on: a, 1: b, 1.5: c, no: d, 2.0: e}\n"
+            "  annotations: {t: 15:00, d: 2024-01-01}\n"
+            "spec:\n  replicas: 1.0\n  placement: {nodeSelector: {yes: z}}\n"
+            "  autoscaling: {enabled: Y, minReplicas: 1e0, maxReplicas: 0x3}\n")  # fmt: skip
+    path = tmp_path / "serving.yaml"
+    path.write_text(text)
+    ours = _Loader(text).get_single_data()
+    stored = json.loads(kubectl("apply", "--dry-run=server", "-o", "json", "-f", str(path)).stdout)
+    assert stored["metadata"]["labels"] == ours["metadata"]["labels"] == {"true": "a", "1": "b", "1.5": "c",
+                                                                           "false": "d", "2": "e"}  # fmt: skip
+    annotations = {k: v for k, v in stored["metadata"]["annotations"].items() if not k.startswith("kubectl.")}
+    assert annotations == ours["metadata"]["annotations"] == {"t": "15:00", "d": "2024-01-01"}
+    # the API server adds its defaults: compare what the file wrote
+    assert stored["spec"]["replicas"] == ours["spec"]["replicas"] == 1
+    assert stored["spec"]["placement"]["nodeSelector"] == ours["spec"]["placement"]["nodeSelector"] == {"true": "z"}
+    written = ours["spec"]["autoscaling"]
+    assert {k: stored["spec"]["autoscaling"][k] for k in written} == written == {"enabled": True, "minReplicas": 1,
+                                                                                  "maxReplicas": 3}  # fmt: skip

@@ -180,6 +180,33 @@ def test_numbers_are_read_as_kubectl_reads_them(tmp_path, capsys):
     assert "spec.autoscaling.replicaStartupSeconds: Input should be a valid integer" in err, err
 
 
+def test_keys_are_read_as_kubectl_writes_them_into_json(tmp_path, capsys):
+    """sigs.k8s.io/yaml writes a boolean or number key as text (strconv): `on:` is the key "true", `1:` is "1",
+    `1.5:` "1.5", `1e6:` "1e+06". Python's True == 1 must not make two such keys one, and a label key YAML reads
+    as a boolean is the label the API server stores, not an error."""
+    from flashserve.commands import render as cmd
+
+    doc = cmd._Loader(GOOD.replace("{replicas: 1}", "{a: {on: 1, 1: 2, 1.5: 3, 2.0: 4, 1e6: 5, no: 6, 0.00001: 7, "
+                                                    "-2.5: 8, .inf: 9, 0x1f: 10}}"))  # fmt: skip
+    assert doc.get_single_data()["spec"]["a"] == {"true": 1, "1": 2, "1.5": 3, "2": 4, "1e+06": 5, "false": 6,
+                                                  "1e-05": 7, "-2.5": 8, ".inf": 9, "31": 10}  # fmt: skip
+    labelled = GOOD.replace("{name: flash}", "{name: flash, labels: {on: x, 1: w}}")
+    (tmp_path / "keys.yaml").write_text(labelled.replace("{replicas: 1}", "{placement: {nodeSelector: {yes: z}}}"))
+    out = run("render", "-f", str(tmp_path / "keys.yaml"), "-o", "json")
+    assert out.returncode == 0, out.stderr
+    sets = [o for o in json.loads(out.stdout)["items"] if o["kind"] == "StatefulSet"]
+    assert sets and all(s["spec"]["template"]["spec"]["nodeSelector"]["true"] == "z" for s in sets)
+    assert "duplicate key 'true'" in _refused("validate", _write(tmp_path, "d.yaml", GOOD.replace(
+        "{name: flash}", "{name: flash, labels: {on: x, true: y}}")))  # fmt: skip
+    assert "a map key must be a string, number or boolean" in _refused("validate", _write(tmp_path, "l.yaml", GOOD.replace(
+        "{name: flash}", "{name: flash, labels: {[a]: x}}")))  # fmt: skip
+
+
+def _write(tmp_path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
 @pytest.mark.parametrize("namespace", ["", "Bad NS", "x" * 64])
 def test_a_bad_namespace_option_is_refused_as_the_option(tmp_path, capsys, namespace):
     err = _errors_of(tmp_path, capsys, GOOD, "-n", namespace)

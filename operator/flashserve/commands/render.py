@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import re
+import struct
 import sys
 
 import yaml
@@ -53,18 +54,31 @@ class _Loader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        # JSON has string keys only, so kubectl's reader (sigs.k8s.io/yaml) writes a boolean or number key out
+        # as text: `on:` is the key "true", `1:` the key "1". Read keys the same way, so that `on` and `1` are two
+        # keys (to Python True == 1) and a label key `yes` means here what it means to the API server.
         # PyYAML keeps the last of two equal keys; kubectl (strict field validation) refuses the file. Keeping
         # one silently would render what the user did not mean.
-        seen: set = set()
-        for key_node, _ in node.value:
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep=deep)
+        self.flatten_mapping(node)
+        mapping: dict[str, object] = {}
+        for key_node, value_node in node.value:
+            key = None
             if isinstance(key_node, yaml.ScalarNode):
-                key = self.construct_object(key_node)
-                if isinstance(key, (str, int, float, bool)) and key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {str(key)[:80]!r}: keep one of them", key_node.start_mark)
-                if isinstance(key, (str, int, float, bool)):
-                    seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+                # a float key keeps its type (Go writes `2.0:` as "2"; the value reader's integral-float-to-int
+                # would give the same, but `1e6:` is "1e+06" to Go)
+                key = (yaml.SafeLoader.construct_yaml_float(self, key_node) if key_node.tag == _FLOAT
+                       else self.construct_object(key_node, deep=True))  # fmt: skip
+            text = _key_text(key)
+            if text is None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a map key must be a string, number or boolean", key_node.start_mark)
+            if text in mapping:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {text[:80]!r}: keep one of them", key_node.start_mark)
+            mapping[text] = self.construct_object(value_node, deep=deep)
+        return mapping
 
     def construct_yaml_int(self, node):  # type: ignore[no-untyped-def]
         if len(node.value) > MAX_INT_CHARS:
@@ -79,6 +93,47 @@ class _Loader(yaml.SafeLoader):
         value = super().construct_yaml_float(node)
         # kubectl sends JSON, where 2.0 is written 2: an integral number is an integer to the API server
         return int(value) if math.isfinite(value) and value.is_integer() and abs(value) < 2**63 else value
+
+
+def _key_text(key: object) -> str | None:
+    """A map key as sigs.k8s.io/yaml writes it into JSON; None where it refuses one (null, a list, a map)."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, float):
+        if math.isnan(key):
+            return ".nan"
+        if math.isinf(key):
+            return ".inf" if key > 0 else "-.inf"
+        return _go_float32_text(key)
+    return None
+
+
+def _go_float32_text(value: float) -> str:
+    """Go's strconv.FormatFloat(value, 'g', -1, 32): the fewest significant digits that read back as the same
+    float32, in exponent form when the exponent is below -4 or at least 6 (`1e+06`)."""
+    def as32(x: float) -> float:
+        return struct.unpack("f", struct.pack("f", x))[0]
+
+    single = as32(value)
+    text = next(t for t in (f"{single:.{p}e}" for p in range(9)) if as32(float(t)) == single)
+    mantissa, exponent = text.split("e")
+    exp = int(exponent)
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    if exp < -4 or exp >= 6:
+        return f"{mantissa}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    digits = mantissa.lstrip("-").replace(".", "")
+    sign = "-" if mantissa.startswith("-") else ""
+    point = exp + 1  # digits before the decimal point
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
