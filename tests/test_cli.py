@@ -198,8 +198,8 @@ def test_keys_are_read_as_kubectl_writes_them_into_json(tmp_path, capsys):
     assert sets and all(s["spec"]["template"]["spec"]["nodeSelector"]["true"] == "z" for s in sets)
     assert "duplicate key 'true'" in _refused("validate", _write(tmp_path, "d.yaml", GOOD.replace(
         "{name: flash}", "{name: flash, labels: {on: x, true: y}}")))  # fmt: skip
-    assert "a map key must be a string, number or boolean" in _refused("validate", _write(tmp_path, "l.yaml", GOOD.replace(
-        "{name: flash}", "{name: flash, labels: {[a]: x}}")))  # fmt: skip
+    list_key = _write(tmp_path, "l.yaml", GOOD.replace("{name: flash}", "{name: flash, labels: {[a]: x}}"))
+    assert "a map key must be a string, number or boolean" in _refused("validate", list_key)
 
 
 def _write(tmp_path, name: str, text: str) -> str:
