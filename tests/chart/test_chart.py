@@ -392,10 +392,20 @@ def test_image_digest_and_names(render):
     (["--set", "nameOverride=Bad Name"], "/nameOverride"),
     (["--set", "fullnameOverride=" + "a" * 47], "/fullnameOverride"),
     (["--set", "image.repository=foo bar"], "/image/repository"),
+    # Prometheus refuses a scrape timeout longer than the interval; the operator's metrics would go unscraped
+    (["--set", "monitoring.serviceMonitor.scrapeTimeout=31s"], "scrapeTimeout: 31s is longer than monitoring.serviceMonitor.interval (30s)"),
+    (["--set", "monitoring.serviceMonitor.scrapeTimeout=1m1ms", "--set", "monitoring.serviceMonitor.interval=1m"], "scrapeTimeout: 1m1ms is longer"),
 ])  # fmt: skip
 def test_bad_values_are_refused(render, args, message):
     proc = render(*args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("timeout, interval", [("1m", "1m"), ("900ms", "1s"), ("59s", "1m"), ("2d", "1w"), ("1h", "1h30m")])
+def test_a_scrape_timeout_up_to_the_interval_is_taken(render, timeout, interval):
+    sm = render("--set", "monitoring.enabled=true", "--set", f"monitoring.serviceMonitor.scrapeTimeout={timeout}",
+                "--set", f"monitoring.serviceMonitor.interval={interval}").find("ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["scrapeTimeout"] == timeout and sm["spec"]["endpoints"][0]["interval"] == interval
 
 
 def test_names_stay_within_their_limits_for_the_longest_release_name(render):
