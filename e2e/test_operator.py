@@ -3,7 +3,10 @@ and two replicas. The operator runs as a separate process watching the test's na
 
 from __future__ import annotations
 
+import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -31,6 +34,14 @@ def operator(cluster, namespace, crd_installed, tmp_path_factory):
     yield op
     for p in procs:
         p.stop()
+
+
+def flashserve_status(cluster, *args: str) -> str:
+    """`flashserve status ARGS` against the suite's cluster; its output (it must exit 0)."""
+    out = subprocess.run([sys.executable, "-m", "flashserve.cli", "status", "--kubeconfig", str(cluster.kubeconfig),
+                          *args], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def apply_serving(kubectl, namespace: str, spec: dict, name: str = "flash") -> dict:
@@ -69,7 +80,7 @@ WIDE = {"parallelism": {"nodesPerReplica": 2, "all2allBackend": "deepep_low_late
         "placement": {"accelerator": "GB200"}, "replicas": 2}  # fmt: skip
 
 
-def test_create_places_groups_in_one_clique_and_becomes_ready(operator, kubectl, namespace):
+def test_create_places_groups_in_one_clique_and_becomes_ready(operator, kubectl, namespace, cluster):
     apply_serving(kubectl, namespace, WIDE)
     wait_until(lambda: ready(kubectl, namespace), 90, what="Ready=True")
     obj = serving(kubectl, namespace)
@@ -93,6 +104,11 @@ def test_create_places_groups_in_one_clique_and_becomes_ready(operator, kubectl,
     assert status["endpoint"] == f"http://flash.{namespace}.svc:8000/v1"
     table = kubectl("-n", namespace, "get", "dss", "flash").stdout.split("\n")
     assert table[0].split()[:3] == ["NAME", "READY", "DESIRED"] and table[1].split()[1:3] == ["2", "2"]
+    # the same through `flashserve status`, which also names the router pods and the last start-up
+    assert flashserve_status(cluster, "-n", namespace).splitlines()[1].split()[:2] == ["flash", "2/2"]
+    text = flashserve_status(cluster, "flash", "-n", namespace)
+    assert "groups        2 ready of 2 desired (2 exist, 2 on the current template)" in text, text
+    assert re.search(r"\n    Ready +True +AllReplicasReady \(", text), text
 
 
 def test_steady_state_makes_no_writes(operator, kubectl, namespace):
@@ -180,7 +196,7 @@ def test_drift_is_restored(operator, kubectl, namespace):
     wait_until(lambda: ready(kubectl, namespace), 60, what="Ready again")
 
 
-def test_invalid_spec_is_reported_and_changes_nothing(operator, kubectl, namespace):
+def test_invalid_spec_is_reported_and_changes_nothing(operator, kubectl, namespace, cluster):
     # A token inline in env is refused at admission, and the refusal does not echo it.
     cr = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": "flash"},
           "spec": {"engine": {"env": [{"name": "HF_TOKEN", "value": "hf_sEcReT-value-7"}]}}}  # fmt: skip
@@ -193,6 +209,8 @@ def test_invalid_spec_is_reported_and_changes_nothing(operator, kubectl, namespa
                what="InvalidSpec")  # fmt: skip
     cond = condition(serving(kubectl, namespace), "Ready")
     assert cond["status"] == "False" and "spec.engine.extraArgs[0]" in cond["message"]
+    assert "Ready=InvalidSpec" in flashserve_status(cluster, "-n", namespace).splitlines()[1]
+    assert "spec.engine.extraArgs[0]" in flashserve_status(cluster, "flash", "-n", namespace)
     time.sleep(3)
     assert statefulsets(kubectl, namespace) == []
     kubectl("-n", namespace, "patch", "dss", "flash", "--type", "json", "-p", '[{"op":"remove","path":"/spec/engine/extraArgs"}]')

@@ -81,9 +81,10 @@ def test_the_docs_show_commands():
 
 
 def test_extraction_joins_continuations_and_drops_what_the_shell_adds():
-    text = "x\n```sh\n$ .venv/bin/flashserve bench autoscale \\\n    --seeds 1 2 | tee out\nflashserve load: an error\n```\n" \
-           "and `flashserve bench autoscale --quick` or `flashserve render`\n"  # fmt: skip
-    assert _commands(text) == [("block", "bench autoscale --seeds 1 2 | tee out"), ("inline", "bench autoscale --quick")]
+    text = ("x\n```sh\n$ .venv/bin/flashserve bench autoscale \\\n    --seeds 1 2 | tee out\n"
+            "flashserve load: an error\n```\nand `flashserve bench autoscale --quick` or `flashserve render`\n")
+    block, inline = ("block", "bench autoscale --seeds 1 2 | tee out"), ("inline", "bench autoscale --quick")
+    assert _commands(text) == [block, inline]
     assert _SHELL_TAIL.split("run &   # the operator")[0] == "run"
 
 

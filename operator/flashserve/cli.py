@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("flashserve.commands.render:main", "render a DeepSeekServing into Kubernetes objects (offline)"),
     "crd": ("flashserve.commands.crd:main", "print the generated CustomResourceDefinition"),
     "validate": ("flashserve.commands.render:validate_main", "check a DeepSeekServing file; exit 2 with the field on error"),
+    "status": ("flashserve.commands.status:main", "servings as the operator reports them: groups, SLA, scaling"),
     "run": ("flashserve.controller.main:main", "run the operator (kopf) against the current kubeconfig"),
 }
 

@@ -1,0 +1,174 @@
+"""`flashserve status`: a serving's status in words, and clear errors (exit 2 for a bad or unknown name, 1 for an
+API server it cannot use) against a stand-in API server on loopback."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler
+
+import pytest
+
+from flashserve.commands import status as cmd
+
+NOW = datetime(2026, 12, 7, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _serving(name: str = "flash", namespace: str = "prod", **status) -> dict:
+    return {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing",
+            "metadata": {"name": name, "namespace": namespace, "generation": 3}, "spec": {"replicas": 2},
+            "status": status}  # fmt: skip
+
+
+FULL = _serving(
+    observedGeneration=3, replicas=3, readyReplicas=2, updatedReplicas=3, desiredReplicas=3,
+    endpoint="http://flash.prod.svc:8000/v1", slaState="AtRisk",
+    sla={"perUserTokensPerSecondP50": 131.4, "perUserTokensPerSecondP90": 97.2, "tokensPerSecond": 5210.0,
+         "attainment": 0.9712},
+    lastScaling={"time": "2026-12-07T11:55:50Z", "from": 2, "to": 3, "reason": "AtRisk: 412 users need 3 groups"},
+    learnedCapacity=141.6, learnedStartupSeconds=425.0,
+    learnedStartupSecondsByCacheState={"cold": 905.0, "warm": 425.0},
+    drainingGroups=[{"group": 3, "since": "2026-12-07T11:59:20Z", "reason": "ScaleDown"}],
+    lastDrains=[{"group": 4, "reason": "ScaleDown", "endedBy": "Timeout", "seconds": 600.0, "requestsInFlight": 2,
+                 "time": "2026-12-07T10:00:00Z"}],
+    startup={"last": {"group": 2, "statefulSet": "flash-g2", "uid": "u", "cacheState": "warm",
+                      "created": "2026-12-07T11:56:00Z",
+                      "seconds": {"scheduled": 1.0, "running": 12.0, "ready": 424.6}}},
+    router={"replicas": 2, "readyReplicas": 1, "availableReplicas": 1},
+    conditions=[
+        {"type": "Ready", "status": "False", "reason": "PartiallyReady", "message": "2/3 replica groups ready",
+         "lastTransitionTime": "2026-12-07T11:56:00Z"},
+        {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": "",
+         "lastTransitionTime": "2026-12-07T09:00:00Z"},
+        {"type": "MetricsAvailable", "status": "False", "reason": "NotAllowed", "message": "not on the allow-list",
+         "lastTransitionTime": "2026-12-07T11:00:00Z"},
+    ],
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (59.4, "59s"), (60, "1m"), (200, "3m20s"), (3600, "1h"),
+                                           (7500, "2h5m"), (86400 * 3 + 3600 * 4, "3d4h"), (None, "-")])  # fmt: skip
+def test_durations_read_as_kubectl_shows_ages(seconds, text):
+    assert cmd.duration(seconds) == text
+
+
+def test_ages_of_absent_or_unreadable_times_are_a_dash():
+    assert cmd.ago("2026-12-07T11:55:50Z", NOW) == "4m10s ago"
+    assert cmd.ago(None, NOW) == cmd.ago("yesterday", NOW) == "-"
+
+
+def test_one_serving_in_full_shows_every_field_the_operator_writes():
+    text = cmd.describe(FULL, NOW)
+    for words in ("flash (namespace prod), generation 3 (observed 3)",
+                  "endpoint      http://flash.prod.svc:8000/v1",
+                  "groups        2 ready of 3 desired (3 exist, 3 on the current template)",
+                  "router        1 of 2 pods ready, 1 available",
+                  "SLA           AtRisk: per-user speed p90 97 tok/s (p50 131), attainment 97.1%, 5210 tok/s in all",
+                  "learned       capacity 142 users per group at the SLA; start-up 7m5s (cold 15m5s, warm 7m5s)",
+                  "last scaling  2 -> 3, 4m10s ago: AtRisk: 412 users need 3 groups",
+                  "draining      group 3 (ScaleDown), out of routing since 40s ago",
+                  "drained       group 4 (ScaleDown): ended Timeout after 10m, 2h ago, 2 requests in flight",
+                  "last start-up group 2 (warm): scheduled 1s, running 12s, ready 7m5s",
+                  "Ready             False  PartiallyReady (4m ago)", "2/3 replica groups ready",
+                  "MetricsAvailable  False  NotAllowed (1h ago)", "not on the allow-list"):  # fmt: skip
+        assert words in text, (words, text)
+
+
+def test_a_serving_the_operator_never_touched_says_so():
+    text = cmd.describe(_serving(), NOW)
+    assert "endpoint      - (not reported yet)" in text and "conditions    none yet: is the operator running?" in text
+    assert "last scaling" not in text and "learned" not in text
+
+
+def test_the_list_has_a_line_per_serving_and_names_what_needs_a_look():
+    quiet = _serving("calm", readyReplicas=1, desiredReplicas=1, slaState="Met",
+                     conditions=[{"type": "Ready", "status": "True", "reason": "AllReplicasReady"},
+                                 {"type": "Degraded", "status": "False", "reason": "AsExpected"},
+                                 {"type": "Progressing", "status": "True", "reason": "Scaling"}])  # fmt: skip
+    lines = cmd.table([quiet, FULL], NOW, namespaces=True).splitlines()
+    assert lines[0].split() == ["NAMESPACE", "NAME", "READY", "SLA", "TOK/S/USER", "ATTAINMENT", "LAST", "SCALING",
+                                "NEEDS", "A", "LOOK"]  # fmt: skip
+    assert lines[1].split() == ["prod", "calm", "1/1", "Met", "-", "-", "-", "-"]
+    assert lines[2].split() == ["prod", "flash", "2/3", "AtRisk", "97", "97.1%", "2->3", "4m10s", "ago",
+                                "Ready=PartiallyReady,MetricsAvailable=NotAllowed"]  # fmt: skip
+    # columns line up: every row's SLA column starts where the header's does
+    column = lines[0].index("SLA")
+    assert all(line[column - 1] == " " and line[column] != " " for line in lines)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["BAD_name"], "NAME: 'BAD_name' is not a DeepSeekServing name"),
+    (["flash", "-A"], "-A/--all-namespaces lists servings"),
+])  # fmt: skip
+def test_bad_arguments_exit_2_before_any_request(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # a request would fail with exit 1, not 2
+    assert cmd.main(argv) == 2
+    assert words in capsys.readouterr().err
+
+
+def _kubeconfig(tmp_path, server: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "prod"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }))  # fmt: skip
+    return str(path)
+
+
+class _APIServer(BaseHTTPRequestHandler):
+    """Knows one serving, prod/flash; with `crd = False`, no deepseekservings at all."""
+
+    crd = True
+    paths: list[str] = []
+
+    def do_GET(self):  # noqa: N802 - the handler's protocol
+        type(self).paths.append(self.path)
+        base = "/apis/flashserve.io/v1alpha1/namespaces/prod/deepseekservings"
+        if not self.crd:
+            return self._reply(404, b"404 page not found\n", "text/plain")
+        if self.path == base:
+            return self._reply(200, json.dumps({"items": [FULL]}).encode())
+        if self.path == f"{base}/flash":
+            return self._reply(200, json.dumps(FULL).encode())
+        name = self.path.rsplit("/", 1)[-1]
+        return self._reply(404, json.dumps({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": f'deepseekservings.flashserve.io "{name}" not found',
+            "details": {"name": name, "group": "flashserve.io", "kind": "deepseekservings"}}).encode())  # fmt: skip
+
+    def _reply(self, code: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_against_an_api_server(serve_http, tmp_path, capsys):
+    url, _ = serve_http(_APIServer)
+    config = ["--kubeconfig", _kubeconfig(tmp_path, url)]
+    assert cmd.main(config) == 0  # the context's namespace, prod
+    assert "flash   2/3" in capsys.readouterr().out
+    assert cmd.main(["flash", *config]) == 0
+    assert "groups        2 ready of 3 desired" in capsys.readouterr().out
+    assert cmd.main(["flash", "-o", "json", *config]) == 0
+    assert json.loads(capsys.readouterr().out)["status"]["lastScaling"]["to"] == 3
+    assert cmd.main(["other", *config]) == 2
+    assert "no DeepSeekServing named 'other' in namespace 'prod'" in capsys.readouterr().err
+
+
+def test_a_cluster_without_the_crd_is_named_as_such(serve_http, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(_APIServer, "crd", False)
+    url, _ = serve_http(_APIServer)
+    assert cmd.main(["flash", "--kubeconfig", _kubeconfig(tmp_path, url)]) == 1
+    assert "the API server has no deepseekservings.flashserve.io: is the CRD installed?" in capsys.readouterr().err
+
+
+def test_an_api_server_that_does_not_answer_is_named(tmp_path, capsys):
+    assert cmd.main(["--kubeconfig", _kubeconfig(tmp_path, "http://127.0.0.1:1")]) == 1
+    assert "cannot reach the API server at http://127.0.0.1:1" in capsys.readouterr().err
