@@ -172,3 +172,25 @@ def test_a_cluster_without_the_crd_is_named_as_such(serve_http, tmp_path, capsys
 def test_an_api_server_that_does_not_answer_is_named(tmp_path, capsys):
     assert cmd.main(["--kubeconfig", _kubeconfig(tmp_path, "http://127.0.0.1:1")]) == 1
     assert "cannot reach the API server at http://127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_what_a_status_writer_put_in_cannot_repaint_the_terminal_or_forge_a_line():
+    """Anyone who may patch a serving's status could write escape sequences or line breaks into it."""
+    forged = _serving(slaState="Met\x1b[2J", lastScaling={"time": "x", "from": 1, "to": 2, "reason": "ok\nReady True"},
+                      conditions=[{"type": "Ready", "status": "True", "reason": "Fine\x1b]0;owned\x07",
+                                   "message": "line one\r\nDegraded False AsExpected"}])  # fmt: skip
+    for text in (cmd.describe(forged, NOW), cmd.table([forged], NOW, namespaces=False)):
+        assert "\x1b" not in text and "\x07" not in text and "\r" not in text, text
+    text = cmd.describe(forged, NOW)
+    assert "ok\\nReady True" in text and "line one\\r\\nDegraded False AsExpected" in text
+    assert len(text.splitlines()) == len(cmd.describe(_serving(slaState="Met", lastScaling={
+        "time": "x", "from": 1, "to": 2, "reason": "ok"}, conditions=[{"type": "Ready", "status": "True", "reason": "F",
+        "message": "m"}]), NOW).splitlines())  # fmt: skip
+
+
+def test_numbers_of_an_unexpected_type_are_shown_not_a_crash():
+    odd = _serving(readyReplicas="two", learnedCapacity="lots", learnedStartupSeconds=True,
+                   sla={"attainment": "high", "perUserTokensPerSecondP90": None})  # fmt: skip
+    text = cmd.describe(odd, NOW)
+    assert "groups        two ready" in text and "capacity lots users" in text
+    assert "attainment -" in cmd.describe(odd, NOW) and cmd.table([odd], NOW, namespaces=False)

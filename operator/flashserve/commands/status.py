@@ -50,8 +50,8 @@ def ago(stamp: str | None, now: datetime) -> str:
 
 def duration(seconds: float | None) -> str:
     """Seconds as kubectl shows ages: 45s, 3m20s, 2h5m, 3d4h."""
-    if seconds is None:
-        return "-"
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        return "-" if seconds is None else safe(seconds)
     s = max(0, round(seconds))
     if s < 60:
         return f"{s}s"
@@ -63,11 +63,19 @@ def duration(seconds: float | None) -> str:
 
 
 def _num(value: float | None, fmt: str = "{:.0f}") -> str:
-    return "-" if value is None else fmt.format(value)
+    if value is None:
+        return "-"
+    return fmt.format(value) if isinstance(value, int | float) and not isinstance(value, bool) else safe(value)
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+    return _num(None if value is None else 100 * value, "{:.1f}%") if isinstance(value, int | float | None) else "-"
+
+
+def safe(value: object) -> str:
+    """A value from the API as text a terminal shows as it is: anyone who may write a serving's status could put
+    escape sequences or line breaks into a message, which would repaint the reader's terminal or forge a line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
 
 
 # the state of each condition type that asks for a look (Progressing is news, not trouble)
@@ -99,7 +107,7 @@ def table(servings: list[dict], now: datetime, namespaces: bool) -> str:
         ready = f"{_num(st.get('readyReplicas'))}/{_num(desired)}"
         row = [meta.get("name", "?"), ready, st.get("slaState") or "-", _num(sla.get("perUserTokensPerSecondP90")),
                _pct(sla.get("attainment")), scaled, look]  # fmt: skip
-        rows.append(([meta.get("namespace", "")] if namespaces else []) + row)
+        rows.append([safe(c) for c in ([meta.get("namespace", "")] if namespaces else []) + row])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -107,11 +115,11 @@ def table(servings: list[dict], now: datetime, namespaces: bool) -> str:
 def describe(serving: dict, now: datetime) -> str:
     """One serving in full: every status field the operator writes, in words."""
     meta, spec, st = serving.get("metadata", {}), serving.get("spec") or {}, serving.get("status") or {}
-    lines = [f"{meta.get('name')} (namespace {meta.get('namespace')}), generation {meta.get('generation')}"
-             f" (observed {st.get('observedGeneration', '-')})"]  # fmt: skip
+    lines = [safe(f"{meta.get('name')} (namespace {meta.get('namespace')}), generation {meta.get('generation')}"
+                  f" (observed {st.get('observedGeneration', '-')})")]  # fmt: skip
 
     def field(label: str, text: str) -> None:
-        lines.append(f"  {label:<14}{text}")
+        lines.append(f"  {label:<14}{safe(text)}")
 
     field("endpoint", st.get("endpoint") or "- (not reported yet)")
     field("groups", f"{_num(st.get('readyReplicas'))} ready of {_num(st.get('desiredReplicas', spec.get('replicas')))} "
@@ -131,7 +139,7 @@ def describe(serving: dict, now: datetime) -> str:
                      f"{_pct(sla.get('attainment'))}, {_num(sla.get('tokensPerSecond'))} tok/s in all")  # fmt: skip
     learned = []
     if st.get("learnedCapacity") is not None:
-        learned.append(f"capacity {st['learnedCapacity']:.0f} users per group at the SLA")
+        learned.append(f"capacity {_num(st['learnedCapacity'])} users per group at the SLA")
     if st.get("learnedStartupSeconds") is not None:
         by_state = st.get("learnedStartupSecondsByCacheState") or {}
         states = ", ".join(f"{k} {duration(v)}" for k, v in sorted(by_state.items()))
@@ -161,10 +169,10 @@ def describe(serving: dict, now: datetime) -> str:
         lines.append("  conditions")
         width = max(len(c.get("type", "")) for c in conditions)
         for c in conditions:
-            lines.append(f"    {c.get('type', ''):<{width}}  {c.get('status', ''):<7}{c.get('reason', '')}"
-                         f" ({ago(c.get('lastTransitionTime'), now)})")  # fmt: skip
+            line = f"{c.get('type', ''):<{width}}  {c.get('status', ''):<7}{c.get('reason', '')}"
+            lines.append(f"    {safe(line)} ({ago(c.get('lastTransitionTime'), now)})")
             if c.get("message"):
-                lines.append(f"    {'':<{width}}  {c['message']}")
+                lines.append(f"    {'':<{width}}  {safe(c['message'])}")
     else:
         lines.append("  conditions    none yet: is the operator running? (`kubectl get pods -A -l "
                      "app.kubernetes.io/name=flashserve`)")  # fmt: skip
