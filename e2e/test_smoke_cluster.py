@@ -327,7 +327,7 @@ def test_kubectl_reads_a_yaml_file_as_validate_does(crd_installed: str, namespac
     """`flashserve validate` reads YAML as kubectl does (go-yaml v2 through sigs.k8s.io/yaml): no base-60, `y`
     and `on` as booleans, boolean and number keys written as text. Here kubectl reads the same file and the API
     server stores it: the stored object must be what the offline reader read."""
-    from flashserve.commands.render import _Loader
+    from flashserve.commands.kubectl_yaml import Loader
 
     text = (f"apiVersion: flashserve.io/v1alpha1\nkind: DeepSeekServing\n"
             f"metadata:\n  name: yaml-read\n  namespace: {namespace}\n"
@@ -337,7 +337,7 @@ def test_kubectl_reads_a_yaml_file_as_validate_does(crd_installed: str, namespac
             "  autoscaling: {enabled: Y, minReplicas: 1e0, maxReplicas: 0x3}\n")  # fmt: skip
     path = tmp_path / "serving.yaml"
     path.write_text(text)
-    ours = _Loader(text).get_single_data()
+    ours = Loader(text).get_single_data()
     stored = json.loads(kubectl("apply", "--dry-run=server", "-o", "json", "-f", str(path)).stdout)
     assert stored["metadata"]["labels"] == ours["metadata"]["labels"] == {"true": "a", "1": "b", "1.5": "c",
                                                                            "false": "d", "2": "e"}  # fmt: skip

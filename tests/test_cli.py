@@ -169,9 +169,9 @@ def test_every_document_is_checked_and_each_error_names_its_document(tmp_path, c
 def test_numbers_are_read_as_kubectl_reads_them(tmp_path, capsys):
     """kubectl's YAML reader (go-yaml v2) has no base-60 numbers and takes exponents without a dot, and it sends
     JSON, where 6.0 is 6: a file means to `validate` what it means to `kubectl apply`."""
-    from flashserve.commands import render as cmd
+    from flashserve.commands.kubectl_yaml import Loader
 
-    doc = cmd._Loader(GOOD.replace("{replicas: 1}", "{a: 15:00, b: 1e3, c: 1.5e3, d: 6.0, e: 0x1f, f: 1_000, g: 2.5, "
+    doc = Loader(GOOD.replace("{replicas: 1}", "{a: 15:00, b: 1e3, c: 1.5e3, d: 6.0, e: 0x1f, f: 1_000, g: 2.5, "
                                                     "h: 2024-01-01, i: .inf, j: y, k: N, l: yes, m: no_}"))  # fmt: skip
     spec = doc.get_single_data()["spec"]
     assert spec == {"a": "15:00", "b": 1000, "c": 1500, "d": 6, "e": 31, "f": 1000, "g": 2.5, "h": "2024-01-01",
@@ -184,9 +184,9 @@ def test_keys_are_read_as_kubectl_writes_them_into_json(tmp_path, capsys):
     """sigs.k8s.io/yaml writes a boolean or number key as text (strconv): `on:` is the key "true", `1:` is "1",
     `1.5:` "1.5", `1e6:` "1e+06". Python's True == 1 must not make two such keys one, and a label key YAML reads
     as a boolean is the label the API server stores, not an error."""
-    from flashserve.commands import render as cmd
+    from flashserve.commands.kubectl_yaml import Loader
 
-    doc = cmd._Loader(GOOD.replace("{replicas: 1}", "{a: {on: 1, 1: 2, 1.5: 3, 2.0: 4, 1e6: 5, no: 6, 0.00001: 7, "
+    doc = Loader(GOOD.replace("{replicas: 1}", "{a: {on: 1, 1: 2, 1.5: 3, 2.0: 4, 1e6: 5, no: 6, 0.00001: 7, "
                                                     "-2.5: 8, .inf: 9, 0x1f: 10}}"))  # fmt: skip
     assert doc.get_single_data()["spec"]["a"] == {"true": 1, "1": 2, "1.5": 3, "2": 4, "1e+06": 5, "false": 6,
                                                   "1e-05": 7, "-2.5": 8, ".inf": 9, "31": 10}  # fmt: skip

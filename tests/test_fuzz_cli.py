@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flashserve.commands.render import MAX_INT_CHARS
+from flashserve.commands.kubectl_yaml import MAX_INT_CHARS
 
 from e2e.fuzz_cli import Extreme, Result, check, hostile, run, samples, summarize, write
 
@@ -79,7 +79,7 @@ def test_an_error_that_quotes_a_huge_value_is_cut(kind, tmp_path, capsys):
 
 
 def test_a_file_of_too_many_values_is_refused_before_it_takes_minutes(tmp_path):
-    from flashserve.commands.render import MAX_NODES
+    from flashserve.commands.kubectl_yaml import MAX_NODES
 
     sample = next(s for s in hostile(Extreme(0)) if s.klass == "string:manyArgs")  # 100,000 list items
     path = tmp_path / "many.yaml"
