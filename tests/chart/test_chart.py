@@ -388,20 +388,28 @@ def test_image_digest_and_names(render):
     (["--set", "operator.resyncSeconds=0.0"], "operator.resyncSeconds: 0.0 is out of range"),
     (["--set", "monitoring.prometheusRule.sla.percentile=0.00001"], "sla.percentile: 0.00001 is out of range"),
     (["--set", "monitoring.prometheusRule.kvCacheUsageWarning=5.0"], "kvCacheUsageWarning: 5.0 is out of range"),
-    (["--set", "monitoring.prometheusRule.window=0s"], "/monitoring/prometheusRule/window"),
+    (["--set", "monitoring.prometheusRule.window=0s"], "monitoring.prometheusRule.window: 0s is no time"),
+    (["--set", "monitoring.podMonitor.interval=0h0m"], "monitoring.podMonitor.interval: 0h0m is no time"),
+    # Prometheus reads units from the largest down, each once
+    (["--set", "monitoring.serviceMonitor.interval=30s1m"], "/monitoring/serviceMonitor/interval"),
+    (["--set", "monitoring.serviceMonitor.interval=1s1s"], "/monitoring/serviceMonitor/interval"),
     (["--set", "nameOverride=Bad Name"], "/nameOverride"),
     (["--set", "fullnameOverride=" + "a" * 47], "/fullnameOverride"),
     (["--set", "image.repository=foo bar"], "/image/repository"),
     # Prometheus refuses a scrape timeout longer than the interval; the operator's metrics would go unscraped
-    (["--set", "monitoring.serviceMonitor.scrapeTimeout=31s"], "scrapeTimeout: 31s is longer than monitoring.serviceMonitor.interval (30s)"),
-    (["--set", "monitoring.serviceMonitor.scrapeTimeout=1m1ms", "--set", "monitoring.serviceMonitor.interval=1m"], "scrapeTimeout: 1m1ms is longer"),
+    (["--set", "monitoring.enabled=true", "--set", "monitoring.serviceMonitor.scrapeTimeout=31s"], "scrapeTimeout: 31s is longer than monitoring.serviceMonitor.interval (30s)"),
+    (["--set", "monitoring.enabled=true", "--set", "monitoring.serviceMonitor.scrapeTimeout=1m1ms", "--set", "monitoring.serviceMonitor.interval=1m"], "scrapeTimeout: 1m1ms is longer"),
+    # leading zeros are decimal to Prometheus (sprig's int64 would read 010 as octal, 8)
+    (["--set", "monitoring.enabled=true", "--set", "monitoring.serviceMonitor.scrapeTimeout=010s", "--set", "monitoring.serviceMonitor.interval=9s"], "scrapeTimeout: 010s is longer"),
+    (["--set", "monitoring.enabled=true", "--set", "monitoring.serviceMonitor.scrapeTimeout=09s", "--set", "monitoring.serviceMonitor.interval=1s"], "scrapeTimeout: 09s is longer"),
 ])  # fmt: skip
 def test_bad_values_are_refused(render, args, message):
     proc = render(*args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("timeout, interval", [("1m", "1m"), ("900ms", "1s"), ("59s", "1m"), ("2d", "1w"), ("1h", "1h30m")])
+@pytest.mark.parametrize("timeout, interval", [("1m", "1m"), ("900ms", "1s"), ("59s", "1m"), ("2d", "1w"), ("1h", "1h30m"),
+                                               ("10s", "010s"), ("100ms", "0h1m")])
 def test_a_scrape_timeout_up_to_the_interval_is_taken(render, timeout, interval):
     sm = render("--set", "monitoring.enabled=true", "--set", f"monitoring.serviceMonitor.scrapeTimeout={timeout}",
                 "--set", f"monitoring.serviceMonitor.interval={interval}").find("ServiceMonitor")

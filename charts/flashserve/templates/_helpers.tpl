@@ -171,8 +171,14 @@ the schema can only match by pattern): each fails naming the value and what it t
 {{- include "flashserve.inRange" (dict "name" "monitoring.prometheusRule.childWritesPerSecondWarning" "value" $r.childWritesPerSecondWarning "min" 0.0 "above" true "max" 1000000.0 "want" "writes per second above 0") }}
 {{- include "flashserve.inRange" (dict "name" "monitoring.dashboard.gpuHourlyCost" "value" .Values.monitoring.dashboard.gpuHourlyCost "min" 0.0 "above" false "max" 1000000.0 "want" "dollars per GPU-hour, 0 or more") }}
 {{- include "flashserve.checkLabels" . }}
-{{- $sm := .Values.monitoring.serviceMonitor }}
-{{- if gt (include "flashserve.durationMs" $sm.scrapeTimeout | int64) (include "flashserve.durationMs" $sm.interval | int64) }}
+{{- $m := .Values.monitoring }}
+{{- range $name, $value := dict "monitoring.serviceMonitor.interval" $m.serviceMonitor.interval "monitoring.serviceMonitor.scrapeTimeout" $m.serviceMonitor.scrapeTimeout "monitoring.podMonitor.interval" $m.podMonitor.interval "monitoring.prometheusRule.window" $m.prometheusRule.window }}
+{{- if eq (include "flashserve.durationMs" $value) "0" }}
+{{- fail (printf "%s: %s is no time: give a duration above zero (e.g. 30s)" $name $value) }}
+{{- end }}
+{{- end }}
+{{- $sm := $m.serviceMonitor }}
+{{- if and $m.enabled $sm.enabled (gt (include "flashserve.durationMs" $sm.scrapeTimeout | int64) (include "flashserve.durationMs" $sm.interval | int64)) }}
 {{- fail (printf "monitoring.serviceMonitor.scrapeTimeout: %s is longer than monitoring.serviceMonitor.interval (%s), which Prometheus refuses: shorten the timeout or lengthen the interval" $sm.scrapeTimeout $sm.interval) }}
 {{- end }}
 {{- if eq (int $o.healthPort) (int $o.metricsPort) }}
@@ -185,7 +191,9 @@ the schema can only match by pattern): each fails naming the value and what it t
 {{- $unit := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 }}
 {{- $total := 0 }}
 {{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" . -1 }}
-{{- $total = add $total (mul (regexFind "^[0-9]+" . | int64) (get $unit (regexReplaceAll "^[0-9]+" . ""))) }}
+{{- /* leading zeros trimmed: sprig's int64 would read 010 as octal */}}
+{{- $count := regexReplaceAll "^0+" (regexFind "^[0-9]+" .) "" | default "0" }}
+{{- $total = add $total (mul ($count | int64) (get $unit (regexReplaceAll "^[0-9]+" . ""))) }}
 {{- end }}
 {{- $total }}
 {{- end }}
