@@ -99,6 +99,9 @@ def test_the_list_has_a_line_per_serving_and_names_what_needs_a_look():
 @pytest.mark.parametrize("argv, words", [
     (["BAD_name"], "NAME: 'BAD_name' is not a DeepSeekServing name"),
     (["flash", "-A"], "-A/--all-namespaces lists servings"),
+    # `..` would make the client ask for the cluster-wide list, and `a/b` another path
+    (["-n", ".."], "-n/--namespace: '..' is not a namespace name"),
+    (["flash", "-n", "a/b"], "-n/--namespace: 'a/b' is not a namespace name"),
 ])  # fmt: skip
 def test_bad_arguments_exit_2_before_any_request(argv, words, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # a request would fail with exit 1, not 2
@@ -118,14 +121,20 @@ def _kubeconfig(tmp_path, server: str) -> str:
 
 
 class _APIServer(BaseHTTPRequestHandler):
-    """Knows one serving, prod/flash; with `crd = False`, no deepseekservings at all."""
+    """Knows one serving, prod/flash; with `crd = False`, no deepseekservings at all; with `refuse` set, that
+    status (401, 403) for everything."""
 
     crd = True
+    refuse = 0
     paths: list[str] = []
 
     def do_GET(self):  # noqa: N802 - the handler's protocol
         type(self).paths.append(self.path)
         base = "/apis/flashserve.io/v1alpha1/namespaces/prod/deepseekservings"
+        if self.refuse:
+            return self._reply(self.refuse, json.dumps({"kind": "Status", "code": self.refuse}).encode())
+        if self.path == "/apis/flashserve.io/v1alpha1/deepseekservings":
+            return self._reply(200, json.dumps({"items": [FULL, _serving("other", "dev")]}).encode())
         if not self.crd:
             return self._reply(404, b"404 page not found\n", "text/plain")
         if self.path == base:
@@ -194,3 +203,46 @@ def test_numbers_of_an_unexpected_type_are_shown_not_a_crash():
     text = cmd.describe(odd, NOW)
     assert "groups        two ready" in text and "capacity lots users" in text
     assert "attainment -" in cmd.describe(odd, NOW) and cmd.table([odd], NOW, namespaces=False)
+
+
+def test_every_namespace_and_a_plain_namespace_flag(serve_http, tmp_path, capsys):
+    url, _ = serve_http(_APIServer)
+    config = ["--kubeconfig", _kubeconfig(tmp_path, url)]
+    assert cmd.main(["-A", *config]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[1:]] == [["dev", "other"], ["prod", "flash"]]
+    assert cmd.main(["-n", "prod", *config]) == 0 and "flash" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("code, argv, words", [
+    (403, ["-A"], "forbids you to list deepseekservings.flashserve.io in all namespaces (a cluster-wide permission)"),
+    (403, ["flash"], "forbids you to get deepseekservings.flashserve.io 'flash' in namespace 'prod'"),
+    (403, [], "forbids you to list deepseekservings.flashserve.io in namespace 'prod'"),
+    (401, [], "did not accept the credentials (401 Unauthorized): log in again"),
+])  # fmt: skip
+def test_a_refusal_names_what_was_asked(serve_http, tmp_path, capsys, monkeypatch, code, argv, words):
+    monkeypatch.setattr(_APIServer, "refuse", code)
+    url, _ = serve_http(_APIServer)
+    assert cmd.main([*argv, "--kubeconfig", _kubeconfig(tmp_path, url)]) == 1
+    assert words in capsys.readouterr().err
+
+
+def test_in_a_pod_it_uses_the_service_account_as_the_operator_does(monkeypatch, tmp_path):
+    from kubernetes import config
+
+    loaded = []
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setattr(config, "load_incluster_config", lambda: loaded.append("in-cluster"))
+    monkeypatch.setattr(config, "load_kube_config", lambda **kw: loaded.append("kubeconfig"))
+    (tmp_path / "namespace").write_text("flashserve-system\n")
+    monkeypatch.setattr(cmd, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
+    assert cmd._connect(None) == "flashserve-system" and loaded == ["in-cluster"]
+
+
+def test_an_unreadable_kubeconfig_is_one_clear_error(tmp_path, capsys):
+    for text in ("- a list\n", "{not yaml", "apiVersion: v1\nkind: Config\ncurrent-context: none\n"):
+        (tmp_path / "kc").write_text(text)
+        assert cmd.main(["--kubeconfig", str(tmp_path / "kc")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: no usable kubeconfig:") and "Traceback" not in err, err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -18,6 +19,7 @@ from datetime import datetime, timezone
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,6 +94,12 @@ def _unhealthy(conditions: list[dict]) -> list[str]:
     return out
 
 
+def _desired(serving: dict) -> object:
+    """The groups the operator aims at; the spec's count until it has said."""
+    desired = (serving.get("status") or {}).get("desiredReplicas")
+    return desired if desired is not None else (serving.get("spec") or {}).get("replicas")
+
+
 def table(servings: list[dict], now: datetime, namespaces: bool) -> str:
     """One line per serving, as `kubectl get` shows a list."""
     head = (["NAMESPACE"] if namespaces else []) + ["NAME", "READY", "SLA", "TOK/S/USER", "ATTAINMENT",
@@ -103,7 +111,7 @@ def table(servings: list[dict], now: datetime, namespaces: bool) -> str:
         last = st.get("lastScaling")
         scaled = f"{last.get('from')}->{last.get('to')} {ago(last.get('time'), now)}" if last else "-"
         look = ",".join(_unhealthy(st.get("conditions") or [])) or "-"
-        desired = st.get("desiredReplicas", (s.get("spec") or {}).get("replicas"))
+        desired = _desired(s)
         ready = f"{_num(st.get('readyReplicas'))}/{_num(desired)}"
         row = [meta.get("name", "?"), ready, st.get("slaState") or "-", _num(sla.get("perUserTokensPerSecondP90")),
                _pct(sla.get("attainment")), scaled, look]  # fmt: skip
@@ -114,15 +122,15 @@ def table(servings: list[dict], now: datetime, namespaces: bool) -> str:
 
 def describe(serving: dict, now: datetime) -> str:
     """One serving in full: every status field the operator writes, in words."""
-    meta, spec, st = serving.get("metadata", {}), serving.get("spec") or {}, serving.get("status") or {}
+    meta, st = serving.get("metadata", {}), serving.get("status") or {}
     lines = [safe(f"{meta.get('name')} (namespace {meta.get('namespace')}), generation {meta.get('generation')}"
-                  f" (observed {st.get('observedGeneration', '-')})")]  # fmt: skip
+                  f" (observed {_num(st.get('observedGeneration'))})")]  # fmt: skip
 
     def field(label: str, text: str) -> None:
         lines.append(f"  {label:<14}{safe(text)}")
 
     field("endpoint", st.get("endpoint") or "- (not reported yet)")
-    field("groups", f"{_num(st.get('readyReplicas'))} ready of {_num(st.get('desiredReplicas', spec.get('replicas')))} "
+    field("groups", f"{_num(st.get('readyReplicas'))} ready of {_num(_desired(serving))} "
                     f"desired ({_num(st.get('replicas'))} exist, {_num(st.get('updatedReplicas'))} on the current "
                     "template)")  # fmt: skip
     router = st.get("router")
@@ -187,37 +195,75 @@ class StatusError(Exception):
         self.code = code
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _connect(kubeconfig: str | None) -> str | None:
+    """Load the client's configuration as `flashserve run` does (a kubeconfig, else the pod's service account);
+    the namespace it names, if any."""
+    from kubernetes import config
+
+    if kubeconfig or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_kube_config(config_file=kubeconfig)
+            _, context = config.list_kube_config_contexts(config_file=kubeconfig)
+        except Exception as exc:  # noqa: BLE001 - a kubeconfig unreadable in any way is one error to the user
+            raise StatusError(f"no usable kubeconfig: {safe(exc)[:300]}", 1) from None
+        namespace = ((context or {}).get("context") or {}).get("namespace")
+        return namespace if isinstance(namespace, str) else None
+    try:
+        config.load_incluster_config()
+    except config.ConfigException as exc:
+        raise StatusError(f"no kubeconfig, and the pod's service account is not usable: {safe(exc)[:300]}", 1) from None
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
 def _read(args: argparse.Namespace) -> tuple[list[dict] | dict, str]:
-    from kubernetes import client, config
+    from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    try:
-        config.load_kube_config(config_file=args.kubeconfig)
-        _, context = config.list_kube_config_contexts(config_file=args.kubeconfig)
-    except (config.ConfigException, OSError) as exc:
-        raise StatusError(f"no usable kubeconfig: {exc}", 1) from None
-    namespace = args.namespace or (context or {}).get("context", {}).get("namespace") or "default"
+    configured = _connect(args.kubeconfig)
+    namespace = args.namespace or configured or "default"
+    if not _NAMESPACE.fullmatch(namespace) or len(namespace) > 63:
+        raise StatusError(f"the kubeconfig's namespace {namespace[:80]!r} is not a namespace name", 1)
     api = client.CustomObjectsApi()
+    if args.name:
+        asked = f"get {PLURAL}.{GROUP} {args.name!r} in namespace {namespace!r}"
+    elif args.all_namespaces:
+        asked = f"list {PLURAL}.{GROUP} in all namespaces (a cluster-wide permission)"
+    else:
+        asked = f"list {PLURAL}.{GROUP} in namespace {namespace!r}"
     try:
         if args.name:
-            return api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name), namespace
-        if args.all_namespaces:
-            return api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"], namespace
-        return api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], namespace
+            found = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name)
+        elif args.all_namespaces:
+            found = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        else:
+            found = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
     except ApiException as exc:
+        reason = f"{exc.status} {safe(exc.reason)}"
         if exc.status == 404 and _names_the_object(exc.body, args.name):
             raise StatusError(f"no DeepSeekServing named {args.name!r} in namespace {namespace!r} "
                               f"(`flashserve status -n {namespace}` lists them)", 2) from None  # fmt: skip
         if exc.status == 404:  # the resource itself is unknown: a plain "404 page not found"
             raise StatusError(f"the API server has no {PLURAL}.{GROUP}: is the CRD installed? "
                               "(`kubectl apply -f crds/` or `helm install` the chart)", 1) from None  # fmt: skip
-        if exc.status in (401, 403):
-            raise StatusError(f"the API server refused to list {PLURAL} in {namespace!r} ({exc.status} "
-                              f"{exc.reason}): ask for get/list on {PLURAL}.{GROUP}", 1) from None  # fmt: skip
-        raise StatusError(f"the API server answered {exc.status} {exc.reason}", 1) from None
+        if exc.status == 401:
+            raise StatusError(f"the API server did not accept the credentials ({reason}): log in again or "
+                              "check the kubeconfig's user", 1) from None  # fmt: skip
+        if exc.status == 403:
+            raise StatusError(f"the API server forbids you to {asked} ({reason})", 1) from None
+        raise StatusError(f"the API server answered {reason} to: {asked}", 1) from None
     except Exception as exc:  # noqa: BLE001 - urllib3's connection errors: name the server, not a traceback
         host = client.Configuration.get_default_copy().host
-        raise StatusError(f"cannot reach the API server at {host}: {type(exc).__name__}", 1) from None
+        raise StatusError(f"cannot reach the API server at {safe(host)}: {type(exc).__name__}", 1) from None
+    if not isinstance(found, dict) or (not args.name and not isinstance(found.get("items"), list)):
+        raise StatusError(f"the API server's answer to: {asked} is not a DeepSeekServing or a list of them", 1)
+    return (found if args.name else found["items"]), namespace
 
 
 def _names_the_object(body: object, name: str | None) -> bool:
@@ -236,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.name is not None and (len(args.name) > 253 or not _NAME.fullmatch(args.name)):
         print(f"error: NAME: {args.name[:80]!r} is not a DeepSeekServing name (lowercase letters, digits, '-' "
               "and '.')", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.namespace is not None and (len(args.namespace) > 63 or not _NAMESPACE.fullmatch(args.namespace)):
+        print(f"error: -n/--namespace: {args.namespace[:80]!r} is not a namespace name (lowercase letters, digits "
+              "and '-', at most 63)", file=sys.stderr)  # fmt: skip
         return 2
     if args.name is not None and args.all_namespaces:
         print("error: -A/--all-namespaces lists servings; with a NAME give its namespace (-n)", file=sys.stderr)
