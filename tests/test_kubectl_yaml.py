@@ -32,13 +32,16 @@ KEYS = [
 ]  # fmt: skip
 
 # keys kubectl refuses ("unsupported map key"), and tags that cannot decode ("cannot decode !!str `abc`")
-REFUSED_KEYS = [("~", "not one JSON can hold"), ("9223372036854775808", "not one JSON can hold"),
+REFUSED_KEYS = [("~", "not one JSON can hold"), ("!!int 2.0", "'2.0' is not an integer"), ("9223372036854775808", "not one JSON can hold"),
                 ("0x8000000000000000", "not one JSON can hold"), ("[a]", "not a list or a map"),
                 ("!!float abc", "'abc' is not a number"), ("!!int 1.5", "'1.5' is not an integer"),
                 ("!!bool 1", "'1' is not a boolean")]  # fmt: skip
 
 # (plain or tagged value, what kubectl sends for it in JSON)
-VALUES = [("0x_", "0x_"), ("0X1F", 31), ("1e400", "1e400"), ("!!binary aGVsbG8=", "hello"), ("1e3", 1000),
+VALUES = [("0x_", "0x_"), ("0b-101", -5), ("0b+11", 3), ("-0b-1", "-0b-1"), ("! 2", "2"), ("!!int 0x1f", 31),
+          ("123e4567-e89b-12d3-a456-426614174000-123e4567-e89b-12d3-a456-426614174000",
+           "123e4567-e89b-12d3-a456-426614174000-123e4567-e89b-12d3-a456-426614174000"),
+          ("9" * 5000, "9" * 5000), ("0X1F", 31), ("1e400", "1e400"), ("!!binary aGVsbG8=", "hello"), ("1e3", 1000),
           ("!!timestamp 2001-01-01", "2001-01-01"), ("15:00", "15:00"), ("Y", True), ("off", False), ("6.0", 6),
           ("1_000", 1000), ("0o17", 15), ("010", 8), ("18446744073709551615", 18446744073709551615),
           ("-_56", -56), ("5_e_98", 5e98), ("", None)]  # fmt: skip
@@ -76,8 +79,12 @@ def test_two_keys_of_one_text_are_refused_where_kubectl_keeps_one():
             load(text)
 
 
-def test_a_merged_key_gives_way_to_the_maps_own():
-    assert load("{<<: {a: p, b: r}, a: q}\n") == {"a": "q", "b": "r"}
+def test_merge_keys_are_refused():
+    """Without aliases a merge only repeats keys, and go-yaml and PyYAML let different ones win
+    (`<<: [{n: 64}, {n: 128}]` is 64 to kubectl)."""
+    for text in ("{<<: {a: p, b: r}, a: q}\n", "e: {<<: [{n: 64}, {n: 128}]}\n", "{<<: {a: 1}}\n"):
+        with pytest.raises(yaml.YAMLError, match=r"merge keys \(<<\) are not accepted"):
+            load(text)
 
 
 def test_a_float32_is_written_in_the_fewest_digits_go_writes():
@@ -97,3 +104,29 @@ def test_a_float32_is_written_in_the_fewest_digits_go_writes():
 def test_scalars_that_only_look_like_numbers_stay_text():
     for text in ("0x", "0x_", "1.2.3", "1e", "+", ".", "0b2", "12:30", "1-2", "inf", "Infinity"):
         assert go_yaml_scalar(text) == text
+
+
+@pytest.mark.parametrize("text, words", [
+    ("x: !!int [1]\n", "a !!int tag on a list or a map"),
+    ("x: !!bool {a: 1}\n", "a !!bool tag on a list or a map"),
+    ('x: "\\udfff"\n', "an invalid Unicode escape"),
+    ("x: !!int 1e3\n", "'1e3' is not an integer"),
+    ("x: !!null x\n", "'x' is not null"),
+    ("x: !!timestamp hello\n", "'hello' is not a timestamp"),
+    ("x: !!float 18446744073709551615\n", "is not a number"),
+])  # fmt: skip
+def test_what_kubectl_refuses_is_an_error_with_its_place_not_a_traceback(text, words):
+    with pytest.raises(yaml.YAMLError) as err:
+        load(text)
+    assert words in str(err.value) and "line 1" in str(err.value), err.value
+
+
+def test_rendered_yaml_reads_back_the_same_through_kubectl_s_reader():
+    """`flashserve render` output goes to `kubectl apply`: a string go-yaml would read as a number or a boolean
+    is written quoted."""
+    from flashserve.commands.kubectl_yaml import Dumper
+
+    strings = ["0812345", "1e3", "y", "0o17", "0X1F", "08", "-_1", "0b-101", "on", "1_000", "12:30", "plain", ""]
+    text = yaml.dump({"args": strings}, Dumper=Dumper)
+    assert load(text) == {"args": strings}, text
+    assert "- plain" in text and '- "0812345"' in text

@@ -26,16 +26,18 @@ from fractions import Fraction
 import yaml
 
 MAX_DEPTH = 64  # far deeper than any DeepSeekServing; the YAML composer recurses once per level
-# No field of a DeepSeekServing needs a longer number, and converting long integers is quadratic.
-MAX_NUMBER_CHARS = 64
-MAX_INT_CHARS = MAX_NUMBER_CHARS
+# Digits read as an integer at most (int64 needs 19 decimal or 64 binary digits): converting long integers is
+# quadratic; a longer run of digits goes to the float reader, which is linear, as go-yaml's ParseInt fails it.
+MAX_INT_CHARS = 64
 # YAML values (scalars, lists, maps) in one file. A sample DeepSeekServing has about 60; the pure-Python YAML
 # composer takes seconds per 100,000, so a 4 MiB file of `[a, a, ...]` would hold each command for minutes.
 MAX_NODES = 20_000
 
 _STR, _INT, _FLOAT, _BOOL, _MERGE = (f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "merge"))
 _PLAIN = "tag:flashserve.io,2026:plain"  # a plain scalar: go_yaml_scalar says what it is
-_LOOKS_NUMERIC = re.compile(r"[-+]?[0-9][0-9a-fA-FxXoObB_.eE+-]*")
+# the forms go-yaml v2 reads as a timestamp (its parseTimestamp): a date, with a time after `T`, `t` or spaces
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{1,2}:[0-9]{1,2}"
+                        r"(?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::?[0-9]{2})?))?)?")
 
 
 class Loader(yaml.SafeLoader):
@@ -63,43 +65,49 @@ class Loader(yaml.SafeLoader):
             self._depth -= 1
 
     def resolve(self, kind, value, implicit):  # type: ignore[no-untyped-def]
-        # every plain scalar is read by go_yaml_scalar (below), not by PyYAML's YAML 1.1 resolvers; `<<` stays a
-        # merge key, as in go-yaml
+        # every plain scalar is read by go_yaml_scalar (below), not by PyYAML's YAML 1.1 resolvers
         if kind is yaml.ScalarNode and implicit[0]:
             return _MERGE if value == "<<" else _PLAIN
         return super().resolve(kind, value, implicit)
+
+    def compose_scalar_node(self, anchor):  # type: ignore[no-untyped-def]
+        nonspecific = self.peek_event().tag == "!"
+        node = super().compose_scalar_node(anchor)
+        # go-yaml refuses an escape of half a UTF-16 pair (`"\udfff"`); Python would carry it to the first
+        # encode, far from the file
+        if any("\ud800" <= c <= "\udfff" for c in node.value):
+            raise yaml.composer.ComposerError(None, None, "an invalid Unicode escape (a lone surrogate): write the "
+                                              "character itself", node.start_mark)  # fmt: skip
+        if nonspecific:  # `! 2`: a string to go-yaml, whatever it looks like
+            node.tag = _STR
+        return node
 
     def construct_plain(self, node: yaml.ScalarNode) -> object:
         return _as_json_number(self._plain(node))
 
     def _plain(self, node: yaml.ScalarNode) -> object:
         """A plain scalar as go-yaml reads it, before JSON: a float stays a float (a key `1e6` is "1e+06")."""
-        if len(node.value) > MAX_NUMBER_CHARS and _LOOKS_NUMERIC.fullmatch(node.value):
-            why = f"a number {len(node.value)} characters long: no field takes more than {MAX_NUMBER_CHARS}"
-            raise yaml.constructor.ConstructorError(None, None, why, node.start_mark)
         return go_yaml_scalar(node.value)
 
     def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
         # Keys as JSON text (module docstring), so `on` and `1` are two keys (to Python True == 1). Of two equal
         # keys kubectl keeps one (the last, or either where two keys read as the same text, `1` and `1.0`); the
-        # file is refused instead, naming the key, since which one the user meant is not known. A key a merge
-        # (`<<: {...}`) brings in gives way to the map's own key, as in go-yaml.
+        # file is refused instead, naming the key, since which one the user meant is not known. Merge keys
+        # (`<<`) are refused too: without aliases they only repeat keys, and go-yaml and PyYAML order them
+        # differently.
         if not isinstance(node, yaml.MappingNode):
             return super().construct_mapping(node, deep=deep)
-        own_pairs = [(key, value) for key, value in node.value if key.tag != _MERGE]
-        self.flatten_mapping(node)  # puts what merges bring in first, the first merged map's pairs last
-        chosen: dict[str, yaml.Node] = {}
-        for key_node, value_node in node.value[: len(node.value) - len(own_pairs)]:
-            chosen[self._key(key_node)] = value_node
-        own: dict[str, yaml.Node] = {}
-        for key_node, value_node in own_pairs:
+        mapping: dict[str, object] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "merge keys (<<) are not accepted: write the keys out", key_node.start_mark)
             text = self._key(key_node)
-            if text in own:
+            if text in mapping:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {text[:80]!r}: keep one of them", key_node.start_mark)
-            own[text] = value_node
-        chosen.update(own)
-        return {text: self.construct_object(value, deep=deep) for text, value in chosen.items()}
+            mapping[text] = self.construct_object(value_node, deep=deep)
+        return mapping
 
     def _key(self, node: yaml.Node) -> str:
         if not isinstance(node, yaml.ScalarNode):
@@ -113,31 +121,42 @@ class Loader(yaml.SafeLoader):
                 "2^63 or more): quote it", node.start_mark)  # fmt: skip
         return text
 
-    # Explicit tags (`!!int 0x1f`, `!!float 1`): what the tag says, or an error naming the value, never a traceback.
+    # Explicit tags (`!!int 0x1f`, `!!float 1`): what the tag says where go-yaml decodes it so, else an error
+    # naming the place, never a traceback.
     def construct_yaml_int(self, node):  # type: ignore[no-untyped-def]
-        value = go_yaml_scalar(node.value) if len(node.value) <= MAX_NUMBER_CHARS else None
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
+        value = self._tagged(node)
+        if not isinstance(value, int) or isinstance(value, bool | Uint64):
             raise self._not_a(node, "an integer")
         return value
+
+    def construct_yaml_null(self, node):  # type: ignore[no-untyped-def]
+        if self._tagged(node) is not None:
+            raise self._not_a(node, "null")
+
+    def _tagged(self, node: yaml.Node) -> object:
+        if not isinstance(node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(None, None, f"a {node.tag.replace('tag:yaml.org,2002:', '!!')} "
+                                                    "tag on a list or a map: remove the tag", node.start_mark)  # fmt: skip
+        return go_yaml_scalar(node.value)
 
     def construct_yaml_float(self, node):  # type: ignore[no-untyped-def]
         return _as_json_number(self._tagged_float(node))
 
     def _tagged_float(self, node: yaml.ScalarNode) -> float:
-        value = go_yaml_scalar(node.value) if len(node.value) <= MAX_NUMBER_CHARS else None
-        if not isinstance(value, int | float) or isinstance(value, bool):
+        value = self._tagged(node)
+        if not isinstance(value, int | float) or isinstance(value, bool | Uint64):
             raise self._not_a(node, "a number")
         return float(value)
 
     def construct_yaml_bool(self, node):  # type: ignore[no-untyped-def]
-        value = go_yaml_scalar(node.value)
+        value = self._tagged(node)
         if not isinstance(value, bool):
             raise self._not_a(node, "a boolean")
         return value
 
     def construct_yaml_timestamp(self, node):  # type: ignore[no-untyped-def]
+        if not isinstance(node, yaml.ScalarNode) or not _TIMESTAMP.fullmatch(node.value):
+            raise self._not_a(node, "a timestamp")
         return node.value  # go-yaml keeps a timestamp as its text unless the target is a time
 
     def construct_yaml_binary(self, node):  # type: ignore[no-untyped-def]
@@ -151,6 +170,19 @@ class Loader(yaml.SafeLoader):
         return yaml.constructor.ConstructorError(None, None, f"{node.value[:80]!r} is not {what}", node.start_mark)
 
 
+class Dumper(yaml.SafeDumper):
+    """YAML that kubectl reads back as written: a string go-yaml would read as something else (`0812345` as
+    812345, `1e3` as 1000, `y` as true, `0o17` as 15) is quoted. PyYAML quotes only what YAML 1.1 would misread."""
+
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        if data == "<<" or go_yaml_scalar(data) != data:
+            return self.represent_scalar(_STR, data, style='"')
+        return super().represent_str(data)
+
+
+Dumper.add_representer(str, Dumper.represent_str)
+
+
 def _as_json_number(value: object) -> object:
     """kubectl sends JSON, where 2.0 is written 2: an integral float is an integer to the API server."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**63:
@@ -162,6 +194,7 @@ Loader.add_constructor(_PLAIN, Loader.construct_plain)
 Loader.add_constructor(_INT, Loader.construct_yaml_int)
 Loader.add_constructor(_FLOAT, Loader.construct_yaml_float)
 Loader.add_constructor(_BOOL, Loader.construct_yaml_bool)
+Loader.add_constructor("tag:yaml.org,2002:null", Loader.construct_yaml_null)
 Loader.add_constructor("tag:yaml.org,2002:timestamp", Loader.construct_yaml_timestamp)
 Loader.add_constructor("tag:yaml.org,2002:binary", Loader.construct_yaml_binary)
 
@@ -207,12 +240,14 @@ def go_yaml_scalar(text: str) -> object:
         if value is not None:
             return value
     if plain.startswith(("0b", "-0b")):
-        digits = plain[3:] if plain[0] == "-" else plain[2:]
+        # ParseInt(plain[2:], 2) for 0b..., ParseInt("-" + plain[3:], 2) for -0b...: the rest may carry a sign
+        rest = plain[2:] if plain[0] == "0" else "-" + plain[3:]
+        sign, digits = (-1 if rest[:1] == "-" else 1), rest[1:] if rest[:1] in "+-" and rest else rest
         if digits and len(digits) <= 64 and set(digits) <= {"0", "1"}:
-            number = int(digits, 2) * (-1 if plain[0] == "-" else 1)
+            number = sign * int(digits, 2)
             if -_INT64 <= number < _INT64:
                 return number
-            if number < 2**64:
+            if number < 2**64 and rest[:1] not in "+-":
                 return Uint64(number)
     return text
 

@@ -13,7 +13,7 @@ import sys
 import yaml
 
 from flashserve.api.validation import FieldError, SpecError, parse_serving
-from flashserve.commands.kubectl_yaml import Loader
+from flashserve.commands.kubectl_yaml import Dumper, Loader
 from flashserve.render.renderer import render_serving
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
         json.dump({"apiVersion": "v1", "kind": "List", "items": objs}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(yaml.safe_dump_all(objs, sort_keys=False, width=120))
+        sys.stdout.write(yaml.dump_all(objs, Dumper=Dumper, sort_keys=False, width=120))
     return 0
 
 
