@@ -390,6 +390,10 @@ def test_image_digest_and_names(render):
     (["--set", "monitoring.prometheusRule.kvCacheUsageWarning=5.0"], "kvCacheUsageWarning: 5.0 is out of range"),
     (["--set", "monitoring.prometheusRule.window=0s"], "monitoring.prometheusRule.window: 0s is no time"),
     (["--set", "monitoring.podMonitor.interval=0h0m"], "monitoring.podMonitor.interval: 0h0m is no time"),
+    # Prometheus keeps durations in int64 nanoseconds (sprig's int64 overflows first)
+    (["--set", "monitoring.serviceMonitor.interval=293y"], "interval: 293y is beyond what Prometheus takes"),
+    (["--set", "monitoring.prometheusRule.window=99999999999999999999s"], "window: 99999999999999999999s is beyond"),
+    (["--set", "monitoring.serviceMonitor.interval=9999999999999y"], "interval: 9999999999999y is beyond"),
     # Prometheus reads units from the largest down, each once
     (["--set", "monitoring.serviceMonitor.interval=30s1m"], "/monitoring/serviceMonitor/interval"),
     (["--set", "monitoring.serviceMonitor.interval=1s1s"], "/monitoring/serviceMonitor/interval"),

@@ -173,7 +173,10 @@ the schema can only match by pattern): each fails naming the value and what it t
 {{- include "flashserve.checkLabels" . }}
 {{- $m := .Values.monitoring }}
 {{- range $name, $value := dict "monitoring.serviceMonitor.interval" $m.serviceMonitor.interval "monitoring.serviceMonitor.scrapeTimeout" $m.serviceMonitor.scrapeTimeout "monitoring.podMonitor.interval" $m.podMonitor.interval "monitoring.prometheusRule.window" $m.prometheusRule.window }}
-{{- if eq (include "flashserve.durationMs" $value) "0" }}
+{{- $ms := include "flashserve.durationMs" $value }}
+{{- if eq $ms "out of range" }}
+{{- fail (printf "%s: %s is beyond what Prometheus takes (about 292 years)" $name $value) }}
+{{- else if eq $ms "0" }}
 {{- fail (printf "%s: %s is no time: give a duration above zero (e.g. 30s)" $name $value) }}
 {{- end }}
 {{- end }}
@@ -186,16 +189,21 @@ the schema can only match by pattern): each fails naming the value and what it t
 {{- end }}
 {{- end }}
 
-{{/* A Prometheus duration (`1m30s`, the schema's pattern) in milliseconds. */}}
+{{/* A Prometheus duration (`1m30s`, the schema's pattern) in milliseconds, or "out of range". */}}
 {{- define "flashserve.durationMs" -}}
 {{- $unit := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 }}
 {{- $total := 0 }}
+{{- $big := false }}
 {{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" . -1 }}
 {{- /* leading zeros trimmed: sprig's int64 would read 010 as octal */}}
 {{- $count := regexReplaceAll "^0+" (regexFind "^[0-9]+" .) "" | default "0" }}
-{{- $total = add $total (mul ($count | int64) (get $unit (regexReplaceAll "^[0-9]+" . ""))) }}
+{{- $each := get $unit (regexReplaceAll "^[0-9]+" . "") }}
+{{- if or (gt (len $count) 13) (gt ($count | int64) (div 9223372036854 $each)) }}{{ $big = true }}{{ else }}
+{{- $total = add $total (mul ($count | int64) $each) }}
 {{- end }}
-{{- $total }}
+{{- end }}
+{{- /* Prometheus keeps a duration in int64 nanoseconds */}}
+{{- if or $big (gt (int64 $total) 9223372036854) }}out of range{{ else }}{{ $total }}{{ end }}
 {{- end }}
 
 {{/* Labels a user adds may not be the chart's own: a second selector label breaks the Deployment's selector. */}}
