@@ -69,8 +69,8 @@ def test_one_serving_in_full_shows_every_field_the_operator_writes():
                   "draining      group 3 (ScaleDown), out of routing since 40s ago",
                   "drained       group 4 (ScaleDown): ended Timeout after 10m, 2h ago, 2 requests in flight",
                   "last start-up group 2 (warm): scheduled 1s, running 12s, ready 7m5s",
-                  "Ready             False  PartiallyReady (4m ago)", "2/3 replica groups ready",
-                  "MetricsAvailable  False  NotAllowed (1h ago)", "not on the allow-list"):  # fmt: skip
+                  "Ready             False   PartiallyReady (4m ago)", "2/3 replica groups ready",
+                  "MetricsAvailable  False   NotAllowed (1h ago)", "not on the allow-list"):  # fmt: skip
         assert words in text, (words, text)
 
 
@@ -246,3 +246,17 @@ def test_an_unreadable_kubeconfig_is_one_clear_error(tmp_path, capsys):
         assert cmd.main(["--kubeconfig", str(tmp_path / "kc")]) == 1
         err = capsys.readouterr().err
         assert err.startswith("error: no usable kubeconfig:") and "Traceback" not in err, err
+
+
+def test_an_unknown_condition_keeps_its_columns():
+    text = cmd.describe(_serving(conditions=[{"type": "Ready", "status": "Unknown", "reason": "R"}]), NOW)
+    assert "Ready  Unknown R (-)" in text, text
+
+
+def test_every_namespace_does_not_need_the_context_namespace(serve_http, tmp_path, capsys):
+    url, _ = serve_http(_APIServer)
+    config = ["--kubeconfig", _kubeconfig(tmp_path, url)]
+    path = tmp_path / "kubeconfig"
+    path.write_text(path.read_text().replace('"namespace": "prod"', '"namespace": "Bad_NS"'))
+    assert cmd.main(["-A", *config]) == 0
+    assert cmd.main(config) == 1 and "configured namespace 'Bad_NS'" in capsys.readouterr().err

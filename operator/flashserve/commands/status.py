@@ -177,7 +177,7 @@ def describe(serving: dict, now: datetime) -> str:
         lines.append("  conditions")
         width = max(len(c.get("type", "")) for c in conditions)
         for c in conditions:
-            line = f"{c.get('type', ''):<{width}}  {c.get('status', ''):<7}{c.get('reason', '')}"
+            line = f"{c.get('type', ''):<{width}}  {c.get('status', ''):<8}{c.get('reason', '')}"
             lines.append(f"    {safe(line)} ({ago(c.get('lastTransitionTime'), now)})")
             if c.get("message"):
                 lines.append(f"    {'':<{width}}  {safe(c['message'])}")
@@ -228,8 +228,9 @@ def _read(args: argparse.Namespace) -> tuple[list[dict] | dict, str]:
 
     configured = _connect(args.kubeconfig)
     namespace = args.namespace or configured or "default"
-    if not _NAMESPACE.fullmatch(namespace) or len(namespace) > 63:
-        raise StatusError(f"the kubeconfig's namespace {namespace[:80]!r} is not a namespace name", 1)
+    if not args.all_namespaces and (not _NAMESPACE.fullmatch(namespace) or len(namespace) > 63):
+        raise StatusError(f"the configured namespace {namespace[:80]!r} (kubeconfig context or service account) "
+                          "is not a namespace name: give one with -n", 1)  # fmt: skip
     api = client.CustomObjectsApi()
     if args.name:
         asked = f"get {PLURAL}.{GROUP} {args.name!r} in namespace {namespace!r}"
