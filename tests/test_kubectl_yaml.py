@@ -32,7 +32,8 @@ KEYS = [
 ]  # fmt: skip
 
 # keys kubectl refuses ("unsupported map key"), and tags that cannot decode ("cannot decode !!str `abc`")
-REFUSED_KEYS = [("~", "not one JSON can hold"), ("!!int 2.0", "'2.0' is not an integer"), ("9223372036854775808", "not one JSON can hold"),
+REFUSED_KEYS = [("~", "not one JSON can hold"), ("!!int 2.0", "'2.0' is not an integer"),
+                ("9223372036854775808", "not one JSON can hold"),
                 ("0x8000000000000000", "not one JSON can hold"), ("[a]", "not a list or a map"),
                 ("!!float abc", "'abc' is not a number"), ("!!int 1.5", "'1.5' is not an integer"),
                 ("!!bool 1", "'1' is not a boolean")]  # fmt: skip

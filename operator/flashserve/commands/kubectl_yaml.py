@@ -135,8 +135,9 @@ class Loader(yaml.SafeLoader):
 
     def _tagged(self, node: yaml.Node) -> object:
         if not isinstance(node, yaml.ScalarNode):
-            raise yaml.constructor.ConstructorError(None, None, f"a {node.tag.replace('tag:yaml.org,2002:', '!!')} "
-                                                    "tag on a list or a map: remove the tag", node.start_mark)  # fmt: skip
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise yaml.constructor.ConstructorError(None, None, f"a {tag} tag on a list or a map: remove the tag",
+                                                    node.start_mark)  # fmt: skip
         return go_yaml_scalar(node.value)
 
     def construct_yaml_float(self, node):  # type: ignore[no-untyped-def]
