@@ -349,3 +349,65 @@ def test_kubectl_reads_a_yaml_file_as_validate_does(crd_installed: str, namespac
     written = ours["spec"]["autoscaling"]
     assert {k: stored["spec"]["autoscaling"][k] for k in written} == written == {"enabled": True, "minReplicas": 1,
                                                                                   "maxReplicas": 3}  # fmt: skip
+
+
+def _probe_documents(rng) -> list[tuple[str, str]]:
+    """(kind, YAML text) of the inputs whose reading kubectl judges: the unit tests' tables (tests/test_kubectl_yaml.py)
+    and seeded random keys and values made of the characters numbers are made of."""
+    from tests.test_kubectl_yaml import KEYS, REFUSED_KEYS, VALUES
+
+    chars = "0123456789+-._xXoObBeE"
+    randoms = ["".join(rng.choice(chars) for _ in range(rng.randint(1, 8))) for _ in range(400)]
+    randoms += [str(rng.randint(-10**25, 10**25)) for _ in range(50)] + [repr(rng.uniform(-1e10, 1e10)) for _ in range(50)]
+    keys = [k for k, _ in KEYS] + [k for k, _ in REFUSED_KEYS] + randoms
+    values = [v for v, _ in VALUES] + randoms
+    return [("key", f"{k}: v") for k in keys] + [("value", f"k: {v}") for v in values]
+
+
+def test_kubectl_reads_tricky_keys_and_values_as_validate_does(crd_installed: str, kubectl, tmp_path):
+    """The real kubectl judges the YAML reader: every input of the unit tests' tables and 500 seeded random ones,
+    each as a map in a DeepSeekServing document, through `kubectl create --dry-run=client --validate=false -o
+    json` (kubectl's own decoding, no schema). Where ours reads a document, kubectl must read the same JSON;
+    where ours refuses one, kubectl must refuse it too. Differences by design, left out: infinities and NaN,
+    which ours reads and the field checks refuse, and which kubectl cannot put into JSON."""
+    import math
+    import random
+
+    import yaml as pyyaml
+    from flashserve.commands.kubectl_yaml import Loader
+
+    head = "apiVersion: flashserve.io/v1alpha1\nkind: DeepSeekServing\nmetadata: {name: probe-%d}\nspec:\n  probe: {%s}\n"
+    ours: dict[int, object] = {}
+    refused: list[int] = []
+    docs = _probe_documents(random.Random(7))
+    for i, (_, body) in enumerate(docs):
+        try:
+            probe = pyyaml.load(head % (i, body), Loader=Loader)["spec"]["probe"]  # noqa: S506 - a SafeLoader
+        except pyyaml.YAMLError:
+            refused.append(i)
+            continue
+        if not any(isinstance(v, float) and not math.isfinite(v) for v in probe.values()):
+            ours[i] = probe
+    path = tmp_path / "probes.yaml"
+    path.write_text("---\n".join(head % (i, docs[i][1]) for i in ours))
+    out = kubectl("create", "--dry-run=client", "--validate=false", "-o", "json", "-f", str(path)).stdout
+    theirs, decoder, at = {}, json.JSONDecoder(), 0
+    while at < len(out.rstrip()):
+        obj, at = decoder.raw_decode(out, at)
+        at = len(out) - len(out[at:].lstrip())
+        theirs[int(obj["metadata"]["name"].split("-")[1])] = obj["spec"]["probe"]
+    def same(a: object, b: object) -> bool:
+        # numbers beyond float64's exact integers are float64 on both sides once sent: compare them so
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool) and abs(a) >= 2**53:
+            return float(a) == float(b)
+        return a == b and type(a) is type(b)
+
+    differ = [(docs[i][1], ours[i], theirs.get(i)) for i in ours if not same(ours[i], theirs.get(i))]
+    assert not differ, f"{len(differ)} of {len(ours)} read differently (input, ours, kubectl's): {differ[:10]}"
+    accepted = [docs[i][1] for i in refused
+                if kubectl("create", "--dry-run=client", "--validate=false", "-o", "json", "-f", "-",
+                           input=head % (i, docs[i][1]), check=False).returncode == 0]  # fmt: skip
+    assert not accepted, f"refused by ours, read by kubectl: {accepted[:10]}"
+    assert len(ours) > 900 and len(refused) >= 8, (len(ours), len(refused))

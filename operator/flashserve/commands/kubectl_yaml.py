@@ -188,7 +188,8 @@ def _as_json_number(value: object) -> object:
     """kubectl sends JSON, where 2.0 is written 2: an integral float is an integer to the API server."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**63:
         return int(value)
-    return int(value) if isinstance(value, Uint64) else value  # as a value, a uint64 is a number like any
+    # as a value a uint64 is a number; kubectl's JSON decoding holds integers beyond int64 as float64
+    return float(value) if isinstance(value, Uint64) else value
 
 
 Loader.add_constructor(_PLAIN, Loader.construct_plain)
