@@ -358,7 +358,8 @@ def _probe_documents(rng) -> list[tuple[str, str]]:
 
     chars = "0123456789+-._xXoObBeE"
     randoms = ["".join(rng.choice(chars) for _ in range(rng.randint(1, 8))) for _ in range(400)]
-    randoms += [str(rng.randint(-10**25, 10**25)) for _ in range(50)] + [repr(rng.uniform(-1e10, 1e10)) for _ in range(50)]
+    randoms += [str(rng.randint(-(10**25), 10**25)) for _ in range(50)]
+    randoms += [repr(rng.uniform(-1e10, 1e10)) for _ in range(50)]
     keys = [k for k, _ in KEYS] + [k for k, _ in REFUSED_KEYS] + randoms
     values = [v for v, _ in VALUES] + randoms
     return [("key", f"{k}: v") for k in keys] + [("value", f"k: {v}") for v in values]
@@ -376,7 +377,8 @@ def test_kubectl_reads_tricky_keys_and_values_as_validate_does(crd_installed: st
     import yaml as pyyaml
     from flashserve.commands.kubectl_yaml import Loader
 
-    head = "apiVersion: flashserve.io/v1alpha1\nkind: DeepSeekServing\nmetadata: {name: probe-%d}\nspec:\n  probe: {%s}\n"
+    head = ("apiVersion: flashserve.io/v1alpha1\nkind: DeepSeekServing\nmetadata: {name: probe-%d}\n"
+            "spec:\n  probe: {%s}\n")
     ours: dict[int, object] = {}
     refused: list[int] = []
     docs = _probe_documents(random.Random(7))
