@@ -9,6 +9,7 @@ below. The patterns are RE2, the one dialect both sides speak.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import Field
@@ -23,6 +24,11 @@ PREFIX_MAX = 253
 LABEL_VALUE = rf"^({_NAME})?$"
 # apimachinery IsConfigMapKey (Secret and ConfigMap data keys).
 SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+
+# apimachinery IsDNS1123Label (a namespace) and IsDNS1123Subdomain (an object's name), lengths included: for the
+# names the commands and the validation check before they reach the API server.
+NAMESPACE_NAME = re.compile(rf"(?=.{{1,63}}$){_DNS_LABEL}")
+OBJECT_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 SECRET_KEY_HINT = "a Secret key: letters, digits, '-', '_' or '.' only"
 QUALIFIED_HINT = ("a Kubernetes qualified name: an optional DNS prefix and '/', then at most 63 letters, digits, "

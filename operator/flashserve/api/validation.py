@@ -28,8 +28,6 @@ from flashserve.facts.cache_env import CACHE_ENV_NAMES, DEEP_GEMM_WARMUP_ENV
 from flashserve.facts.layout import layout
 from flashserve.facts.managed import MANAGED_ENV, ROUTE_ENV, ROUTES_HINT, extra_args_errors
 
-_K8S_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-_DNS_LABEL = re.compile(r"(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -391,10 +389,10 @@ def parse_serving(obj: dict) -> DeepSeekServing:
         errs.append(FieldError("metadata.name", "required: name the serving"))
     elif not isinstance(name, str):
         errs.append(FieldError("metadata.name", f"must be a string, not {_kind(name)}: quote it (name: \"...\")"))
-    elif not _K8S_NAME.fullmatch(name):
+    elif not kubevalues.OBJECT_NAME.fullmatch(name):
         errs.append(FieldError("metadata.name", f"{name!r} is not a Kubernetes name: lowercase letters, digits, "
                                                 "'-' and '.', starting and ending with a letter or digit, at most 253"))  # fmt: skip
-    if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace)):
+    if namespace is not None and (not isinstance(namespace, str) or not kubevalues.NAMESPACE_NAME.fullmatch(namespace)):
         errs.append(FieldError("metadata.namespace", f"{namespace!r} is not a namespace name: lowercase letters, "
                                                      "digits and '-', at most 63"))  # fmt: skip
     errs += metadata_errors(meta)

@@ -83,11 +83,7 @@ class Loader(yaml.SafeLoader):
         return node
 
     def construct_plain(self, node: yaml.ScalarNode) -> object:
-        return _as_json_number(self._plain(node))
-
-    def _plain(self, node: yaml.ScalarNode) -> object:
-        """A plain scalar as go-yaml reads it, before JSON: a float stays a float (a key `1e6` is "1e+06")."""
-        return go_yaml_scalar(node.value)
+        return _as_json_number(go_yaml_scalar(node.value))
 
     def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
         # Keys as JSON text (module docstring), so `on` and `1` are two keys (to Python True == 1). Of two equal
@@ -113,8 +109,12 @@ class Loader(yaml.SafeLoader):
         if not isinstance(node, yaml.ScalarNode):
             raise yaml.constructor.ConstructorError(
                 None, None, "a map key must be a string, number or boolean, not a list or a map", node.start_mark)
-        readers = {_PLAIN: self._plain, _FLOAT: self._tagged_float}
-        text = json_key(readers[node.tag](node) if node.tag in readers else self.construct_object(node))
+        # before JSON's integral-float-to-int: a key `1e6` is "1e+06"
+        if node.tag == _PLAIN:
+            value = go_yaml_scalar(node.value)
+        else:
+            value = self._tagged_float(node) if node.tag == _FLOAT else self.construct_object(node)
+        text = json_key(value)
         if text is None:
             raise yaml.constructor.ConstructorError(
                 None, None, f"the map key {node.value[:80]!r} is not one JSON can hold (null, or an integer of "
@@ -235,23 +235,17 @@ def go_yaml_scalar(text: str) -> object:
         return text if value is None else value
     plain = text.replace("_", "")
     number = _parse_int(plain)
-    if number is not None:
-        return number if -_INT64 <= number < _INT64 else Uint64(number)
-    if _GO_FLOAT.fullmatch(plain):
+    if number is None:
         value = _parse_float(plain)
         if value is not None:
             return value
-    if plain.startswith(("0b", "-0b")):
-        # ParseInt(plain[2:], 2) for 0b..., ParseInt("-" + plain[3:], 2) for -0b...: the rest may carry a sign
-        rest = plain[2:] if plain[0] == "0" else "-" + plain[3:]
-        sign, digits = (-1 if rest[:1] == "-" else 1), rest[1:] if rest[:1] in "+-" and rest else rest
-        if digits and len(digits) <= 64 and set(digits) <= {"0", "1"}:
-            number = sign * int(digits, 2)
-            if -_INT64 <= number < _INT64:
-                return number
-            if number < 2**64 and rest[:1] not in "+-":
-                return Uint64(number)
-    return text
+        if plain.startswith(("0b", "-0b")):
+            # go-yaml's last try: ParseInt(plain[2:], 2) for 0b..., ParseInt("-" + plain[3:], 2) for -0b..., so
+            # the rest may carry a sign of its own
+            number = _parse_int(plain[2:] if plain[0] == "0" else "-" + plain[3:], base=2)
+    if number is None:
+        return text
+    return number if -_INT64 <= number < _INT64 else Uint64(number)
 
 
 def json_key(value: object) -> str | None:
@@ -271,11 +265,14 @@ def json_key(value: object) -> str | None:
 _DIGITS = {2: "01", 8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
 
 
-def _parse_int(text: str) -> int | None:
-    """strconv.ParseInt(text, 0, 64), then ParseUint(text, 0, 64): the value, or None where both refuse it."""
+def _parse_int(text: str, base: int = 0) -> int | None:
+    """strconv.ParseInt(text, base, 64), then ParseUint(text, base, 64): the value, or None where both refuse
+    it. Base 0 reads the base from a prefix (0x, 0b, 0o, a leading 0), as Go does."""
     sign, body = (-1, text[1:]) if text[:1] == "-" else (1, text[1:] if text[:1] == "+" else text)
     prefixes = {"0x": 16, "0X": 16, "0b": 2, "0B": 2, "0o": 8, "0O": 8}
-    if body[:2] in prefixes:
+    if base:
+        digits = body
+    elif body[:2] in prefixes:
         base, digits = prefixes[body[:2]], body[2:]
     elif body[:1] == "0" and len(body) > 1:
         base, digits = 8, body[1:]

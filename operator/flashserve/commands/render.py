@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
 import yaml
 
+from flashserve.api.kubevalues import NAMESPACE_NAME
 from flashserve.api.validation import FieldError, SpecError, parse_serving
 from flashserve.commands.kubectl_yaml import Dumper, Loader
 from flashserve.render.renderer import render_serving
@@ -48,14 +48,13 @@ def _load(path: str) -> list[dict]:
     return docs
 
 
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def _objects(path: str, namespace: str | None) -> list[dict]:
     """Every object the file's servings render to: the one path of both `render` and `validate`, so a file
     `validate` passes is one `render` renders. Every document is checked; with several, each error names its
     document, and two servings of one name are refused (kubectl apply would keep only the last)."""
-    if namespace is not None and (len(namespace) > 63 or not _NAMESPACE.fullmatch(namespace)):
+    if namespace is not None and not NAMESPACE_NAME.fullmatch(namespace):
         raise SpecError([FieldError("-n/--namespace", f"{namespace[:80]!r} is not a namespace name: lowercase "
                                                       "letters, digits and '-', at most 63")])  # fmt: skip
     docs = _load(path)

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 from datetime import datetime, timezone
 
+from flashserve.api.kubevalues import NAMESPACE_NAME, OBJECT_NAME
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,7 +68,7 @@ def _num(value: float | None, fmt: str = "{:.0f}") -> str:
 
 
 def _pct(value: float | None) -> str:
-    return _num(None if value is None else 100 * value, "{:.1f}%") if isinstance(value, int | float | None) else "-"
+    return _num(100 * value, "{:.1f}%") if isinstance(value, int | float) else "-"
 
 
 def safe(value: object) -> str:
@@ -203,7 +200,9 @@ def _connect(kubeconfig: str | None) -> str | None:
     the namespace it names, if any."""
     from kubernetes import config
 
-    if kubeconfig or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+    from flashserve.controller.kubeconfig import uses_kubeconfig
+
+    if uses_kubeconfig(kubeconfig):
         try:
             config.load_kube_config(config_file=kubeconfig)
             _, context = config.list_kube_config_contexts(config_file=kubeconfig)
@@ -228,7 +227,7 @@ def _read(args: argparse.Namespace) -> tuple[list[dict] | dict, str]:
 
     configured = _connect(args.kubeconfig)
     namespace = args.namespace or configured or "default"
-    if not args.all_namespaces and (not _NAMESPACE.fullmatch(namespace) or len(namespace) > 63):
+    if not args.all_namespaces and not NAMESPACE_NAME.fullmatch(namespace):
         raise StatusError(f"the configured namespace {namespace[:80]!r} (kubeconfig context or service account) "
                           "is not a namespace name: give one with -n", 1)  # fmt: skip
     api = client.CustomObjectsApi()
@@ -280,11 +279,11 @@ def _names_the_object(body: object, name: str | None) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.name is not None and (len(args.name) > 253 or not _NAME.fullmatch(args.name)):
+    if args.name is not None and not OBJECT_NAME.fullmatch(args.name):
         print(f"error: NAME: {args.name[:80]!r} is not a DeepSeekServing name (lowercase letters, digits, '-' "
               "and '.')", file=sys.stderr)  # fmt: skip
         return 2
-    if args.namespace is not None and (len(args.namespace) > 63 or not _NAMESPACE.fullmatch(args.namespace)):
+    if args.namespace is not None and not NAMESPACE_NAME.fullmatch(args.namespace):
         print(f"error: -n/--namespace: {args.namespace[:80]!r} is not a namespace name (lowercase letters, digits "
               "and '-', at most 63)", file=sys.stderr)  # fmt: skip
         return 2

@@ -14,10 +14,11 @@ import os
 import sys
 
 import kopf
-from kubernetes import client, config
+from kubernetes import client
 
 from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
 from flashserve.controller.drain import parse_networks
+from flashserve.controller import kubeconfig as kubeconfig_loader
 from flashserve.controller.autoscale import Autoscaler
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.reconciler import Controller
@@ -27,10 +28,7 @@ log = logging.getLogger("flashserve")
 
 
 def _api_client(kubeconfig: str | None) -> client.ApiClient:
-    if kubeconfig or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_kube_config(config_file=kubeconfig)
-    else:
-        config.load_incluster_config()
+    kubeconfig_loader.load(kubeconfig)
     cfg = client.Configuration.get_default_copy()
     cfg.connection_pool_maxsize = 16
     return client.ApiClient(cfg)
