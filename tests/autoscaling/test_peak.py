@@ -28,6 +28,21 @@ def test_a_peak_is_forgotten_once_its_bucket_leaves_the_window():
     assert all(t > 1700.0 - WINDOW for t, _ in m.buckets)
 
 
+def test_with_full_s_a_peak_holds_in_full_then_tapers_to_nothing_at_the_window_end():
+    m = PeakMemory().update(10.0, 800.0, WINDOW)  # the bucket [0, 200) ends at 200
+    m = m.update(1590.0, 100.0, WINDOW)
+    full = 400.0
+    assert m.peak(200.0 + full, WINDOW, full) == 800.0  # still in full at full_s from the bucket's end
+    # halfway from full_s to the window's end: half the high (above the later, lower bucket)
+    halfway = 200.0 + (full + WINDOW) / 2
+    assert m.peak(halfway, WINDOW, full) == pytest.approx(400.0)
+    # the fall is steady: later is lower, never below the lower bucket still in full
+    later = [m.peak(t, WINDOW, full) for t in (900.0, 1100.0, 1300.0, 1500.0)]
+    assert later == sorted(later, reverse=True) and min(later) >= 100.0
+    # without full_s, or with full_s as long as the window, the peak holds in full
+    assert m.peak(halfway, WINDOW) == m.peak(halfway, WINDOW, WINDOW) == 800.0
+
+
 def test_state_stays_small_over_a_long_run():
     m = PeakMemory()
     for i in range(10_000):

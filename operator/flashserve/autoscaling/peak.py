@@ -36,8 +36,21 @@ class PeakMemory:
             kept.append((start, demand))
         return PeakMemory(tuple(kept))
 
-    def peak(self, now: float, window_s: float) -> float:
-        return max((v for t, v in self.buckets if t > now - window_s and t <= now), default=0.0)
+    def peak(self, now: float, window_s: float, full_s: float | None = None) -> float:
+        """The highest demand of the window. With `full_s` (shorter than the window), a bucket's high counts in
+        full until it is `full_s` old and then less and less, to nothing at the window's end: the replicas
+        above the demand of the moment go one by one instead of all at once, so holding them costs about half
+        as much while a burst that comes back soon still finds most of them."""
+        if full_s is None or full_s >= window_s:
+            return max((v for t, v in self.buckets if t > now - window_s and t <= now), default=0.0)
+        width = window_s / BUCKETS
+        best = 0.0
+        for t, v in self.buckets:
+            if now - window_s < t <= now:
+                # Aged from the bucket's end (or now): its high may have come at any time inside it.
+                age = now - min(t + width, now)
+                best = max(best, v * min(1.0, max(0.0, (window_s - age) / (window_s - full_s))))
+        return best
 
     def rose(self, now: float, window_s: float) -> bool:
         """Whether demand rose within the window: a bucket's high above the lowest high before it by more than

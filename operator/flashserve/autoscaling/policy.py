@@ -98,6 +98,7 @@ _KNOB_RANGES: dict[str, tuple[float, bool, float | None]] = {
     "peak_queue_max_ratio": (0.0, False, None),
     "peak_window_startups": (0.0, False, None),
     "peak_recurrence_s": (0.0, False, None),
+    "peak_full_startups": (0.0, False, None),
     "peak_skip_fall": (0.0, False, None),
     "trend_horizon_s": (0.0, False, None),
     "trend_horizon_startups": (0.0, False, None),
@@ -204,6 +205,10 @@ class PolicyConfig:
     replica_startup_s, 0: release down to the demand of the moment."""
     peak_window_startups: float = 4.0
     """The peak memory, in start-up times, while peak_memory_s is None (it follows the learned start-up)."""
+    peak_full_startups: float | None = None
+    """None (the default): a remembered high holds its replicas for the whole peak memory. A value: it holds
+    them in full for this many start-up times, then less and less, to none at the memory's end
+    (peak.PeakMemory.peak)."""
     peak_recurrence_s: float | None = None
     """None: off. While peak_memory_s is None, the peak memory also outlasts the gap between bursts that keep
     coming back (peak.Recurrence): at least RECURRENCE_MARGIN x the longest recent gap, at most this long.
