@@ -404,6 +404,17 @@ def test_peak_needs_rise_lets_a_crowd_that_outlasted_the_window_go_after_one_sta
     assert kept is not None and kept >= 600.0 + cfg.peak_window_s - cfg.peak_window_s / 8
 
 
+def test_peak_full_startups_tapers_the_hold_after_one_start_up():
+    # The crowd of the test above: held in full, the first release comes at the window's end; tapered after
+    # one start-up, the remembered high counts less each minute after that and a first replica goes well before.
+    cfg = replace(CFG, replica_startup_s=300.0)
+    crowd = lambda t: 4.5 * CAP if t < 1800.0 else 1.5 * CAP  # noqa: E731
+    held = _first_release_after(cfg, crowd, 1800.0)
+    tapered = _first_release_after(replace(cfg, peak_full_startups=1.0), crowd, 1800.0)
+    assert held is not None and tapered is not None
+    assert 1800.0 + cfg.replica_startup_s <= tapered < held - cfg.replica_startup_s
+
+
 def test_peak_skip_fall_keeps_a_steep_fall_out_of_the_peak_memory():
     # A demand trend falling 2 requests a second (a backlog draining at the SLA speed) meets a reading of 600
     # requests: over a 5-minute start-up the trend projects a fall of 600, all of it, so with the knob the
