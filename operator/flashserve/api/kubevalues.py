@@ -16,9 +16,10 @@ from pydantic import Field
 
 # apimachinery IsQualifiedName: an optional DNS-1123 subdomain prefix and "/", then a name of at most 63
 # characters, alphanumeric at both ends with "-", "_" and "." inside.
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-QUALIFIED_NAME = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_NAME}$"
+QUALIFIED_NAME = rf"^({DNS_LABEL}(\.{DNS_LABEL})*/)?{_NAME}$"
 PREFIX_MAX = 253
 # apimachinery IsValidLabelValue: empty, or a name as above.
 LABEL_VALUE = rf"^({_NAME})?$"
@@ -27,8 +28,8 @@ SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 
 # apimachinery IsDNS1123Label (a namespace) and IsDNS1123Subdomain (an object's name), lengths included: for the
 # names the commands and the validation check before they reach the API server.
-NAMESPACE_NAME = re.compile(rf"(?=.{{1,63}}$){_DNS_LABEL}")
-OBJECT_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+NAMESPACE_NAME = re.compile(rf"(?=.{{1,63}}$){DNS_LABEL}")
+OBJECT_NAME = re.compile(rf"(?=.{{1,253}}$){DNS_SUBDOMAIN}")
 
 SECRET_KEY_HINT = "a Secret key: letters, digits, '-', '_' or '.' only"
 QUALIFIED_HINT = ("a Kubernetes qualified name: an optional DNS prefix and '/', then at most 63 letters, digits, "
@@ -38,7 +39,7 @@ LABEL_VALUE_HINT = ("a Kubernetes label value: empty, or at most 63 letters, dig
 
 QualifiedName = Annotated[str, Field(min_length=1, max_length=PREFIX_MAX + 1 + 63, pattern=QUALIFIED_NAME)]
 # A toleration's key may be empty (with operator: Exists it matches every taint).
-TOLERATION_KEY = rf"^(({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_NAME})?$"
+TOLERATION_KEY = rf"^(({DNS_LABEL}(\.{DNS_LABEL})*/)?{_NAME})?$"
 TolerationKey = Annotated[str, Field(max_length=PREFIX_MAX + 1 + 63, pattern=TOLERATION_KEY)]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
 SecretKey = Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY)]

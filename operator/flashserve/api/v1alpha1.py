@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from flashserve.api import kubevalues
 from flashserve.api.context_length import MAX_MODEL_LEN_JSON_SCHEMA
-from flashserve.api.kubevalues import LabelValue, QualifiedName, SecretKey, TolerationKey
+from flashserve.api.kubevalues import DNS_LABEL, DNS_SUBDOMAIN, LabelValue, QualifiedName, SecretKey, TolerationKey
 from flashserve.api.quantity import QUANTITY_JSON_SCHEMA
 from flashserve.facts import engine_choices as choices
 from flashserve.facts import router as router_facts
@@ -46,7 +46,7 @@ MAX_GROUPS = 256
 STARTUP_RECENT_MAX = 8
 STARTUP_WARM_KERNELS_MAX = 16
 
-K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+K8sName = Annotated[str, Field(min_length=1, max_length=253, pattern=rf"^{DNS_SUBDOMAIN}$")]
 # The IMEX channel templates the operator creates for a serving's groups (render/naming.py compute_domain_name
 # plus `-channel`): a serving may not name another's, whose pods would then join that serving's IMEX domain.
 OPERATOR_CHANNEL_TEMPLATE = r"--[a-z0-9]{8}-g[0-9]+-cd-channel$"
@@ -54,7 +54,7 @@ CHANNEL_MESSAGE = ("names the IMEX channel template the operator creates for a s
                    "for a ComputeDomain of this serving's own, or name a template you created")
 SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
 PROMETHEUS_URL = r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?(/[^\s\\]*)?$"
-NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=rf"^{DNS_LABEL}$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 Quantity = Annotated[int | str, Field(json_schema_extra=QUANTITY_JSON_SCHEMA)]
 MaxModelLen = Annotated[int | str, Field(json_schema_extra=MAX_MODEL_LEN_JSON_SCHEMA)]

@@ -29,7 +29,6 @@ from flashserve.facts.layout import layout
 from flashserve.facts.managed import MANAGED_ENV, ROUTE_ENV, ROUTES_HINT, extra_args_errors
 
 
-
 @dataclass(frozen=True)
 class FieldError:
     path: str

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-_SERVICE_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+from flashserve.api.kubevalues import DNS_LABEL
+
+_SERVICE_LABEL = DNS_LABEL
 
 
 # What the host part may hold: a name or an IP literal, and a port. The HTTP client and urlsplit must agree on

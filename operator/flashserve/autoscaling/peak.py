@@ -41,15 +41,15 @@ class PeakMemory:
         full until it is `full_s` old and then less and less, to nothing at the window's end: the replicas
         above the demand of the moment go one by one instead of all at once, so holding them costs about half
         as much while a burst that comes back soon still finds most of them."""
-        if full_s is None or full_s >= window_s:
-            return max((v for t, v in self.buckets if t > now - window_s and t <= now), default=0.0)
-        width = window_s / BUCKETS
+        full = full_s if full_s is not None and full_s < window_s else None
         best = 0.0
         for t, v in self.buckets:
             if now - window_s < t <= now:
-                # Aged from the bucket's end (or now): its high may have come at any time inside it.
-                age = now - min(t + width, now)
-                best = max(best, v * min(1.0, max(0.0, (window_s - age) / (window_s - full_s))))
+                if full is not None:
+                    # Aged from the bucket's end (or now): its high may have come at any time inside it.
+                    age = now - min(t + window_s / BUCKETS, now)
+                    v *= min(1.0, max(0.0, (window_s - age) / (window_s - full)))
+                best = max(best, v)
         return best
 
     def rose(self, now: float, window_s: float) -> bool:

@@ -322,6 +322,11 @@ class PolicyConfig:
         window = self.peak_window_startups * self.replica_startup_s
         return window if self.peak_window_max_s is None else min(window, self.peak_window_max_s)
 
+    @property
+    def peak_full_s(self) -> float | None:
+        """How long a remembered high holds in full before it tapers; None: for the whole peak memory."""
+        return None if self.peak_full_startups is None else self.peak_full_startups * self.replica_startup_s
+
     def peak_window_for(self, recurrence_gap_s: float) -> float:
         """The peak memory, given the gap after which bursts have been coming back (0: none seen)."""
         window = self.peak_window_s

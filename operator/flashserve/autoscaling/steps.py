@@ -418,8 +418,7 @@ def plan_demand(
         peaks=peaks,
         recurrence=recurrence,
         peak_window_s=memory,
-        recent_peak=peaks.peak(now, memory, None if cfg.peak_full_startups is None
-                               else cfg.peak_full_startups * cfg.replica_startup_s),
+        recent_peak=peaks.peak(now, memory, cfg.peak_full_s),
         required=replicas_for(planned, capacity, cfg.scale_up_utilization),
     )
 

@@ -48,8 +48,6 @@ def _load(path: str) -> list[dict]:
     return docs
 
 
-
-
 def _objects(path: str, namespace: str | None) -> list[dict]:
     """Every object the file's servings render to: the one path of both `render` and `validate`, so a file
     `validate` passes is one `render` renders. Every document is checked; with several, each error names its

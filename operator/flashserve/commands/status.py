@@ -18,7 +18,6 @@ from flashserve.api.kubevalues import NAMESPACE_NAME, OBJECT_NAME
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 
 
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashserve status", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip

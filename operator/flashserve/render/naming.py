@@ -36,6 +36,8 @@ import base64
 import hashlib
 import re
 
+from flashserve.api.kubevalues import DNS_LABEL
+
 STS_NAME_MAX = 52
 DNS_LABEL_MAX = 63
 HASH_LEN = 8
@@ -129,7 +131,7 @@ def _legacy_fit(base: str, suffix: str, limit: int) -> str:
 
 
 def legacy_serving_label_value(name: str) -> str:
-    if len(name) <= DNS_LABEL_MAX and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+    if len(name) <= DNS_LABEL_MAX and re.fullmatch(DNS_LABEL, name):
         return name
     return _legacy_fit(name.replace(".", "-"), "", DNS_LABEL_MAX)
 
