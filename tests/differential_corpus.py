@@ -189,7 +189,10 @@ def _broken(rng: random.Random, base: dict) -> list[tuple[str, dict]]:
                                                                                         "nul\u0000"])})),
         ("topologyKey", _set(base, "placement.nvlinkDomain.topologyKey", rng.choice(["has space", "-x", "a/b/c"]))),
         ("secretKey", _set(base, "model.source", {"huggingFace": {"tokenSecretRef": {"name": "s", "key": rng.choice(
-            ["has space", "a/b", "x:y"])}}})),
+            ["has space", "a/b", "x:y", ".", "..", "..token"])}}})),
+        ("secretName", _set(base, "model.source", {"huggingFace": {"tokenSecretRef": {"name": rng.choice(
+            ["hf..tok", "hf.-tok", "hf-.tok"])}}})),
+        ("rpcPortClash", _set(_set(gb, "parallelism.nodesPerReplica", 2), "engine.port", 29550)),
         ("envSecretKey", _set(base, "engine.env", [{"name": "A", "valueFrom": {"secretKeyRef": {
             "name": "s", "key": rng.choice(["has space", "a/b"])}}}])),
     ]
@@ -212,8 +215,8 @@ _MUTATIONS: dict[str, list] = {
     "engine.cudaGraphMode": ["FULL", "NONE", "full"],
     "engine.gpuMemoryUtilization": [0.5, 1, 0, 1.01, "0.9"],
     "engine.maxNumSeqs": [1, 65536, 65537, 0],
-    "engine.maxModelLen": [1, 1_048_576, 1_048_577, "1M", "1m", "1G", "1024K", "auto", ""],
-    "engine.image": ["repo/img:tag", "has space", ""],
+    "engine.maxModelLen": [1, 1_048_576, 1_048_577, "1M", "1m", "1G", "1024K", "auto", "", "1048.5765k", "1048.577k"],
+    "engine.image": ["repo/img:tag", "has space", "", "img\u00a0x", "img\u2028x"],
     "engine.port": [8000, 1023, 65535],
     "engine.extraArgs": [["--enable-log-requests"], ["--port"], ["x" * 1025]],
     "engine.resources.cpu": [1, "1", "100m", "1Ki", "1e3", "1E", "0.5", ".5", "1.", "-1", "1x", "1e2.5"],
@@ -234,7 +237,7 @@ _MUTATIONS: dict[str, list] = {
     "routing.metricsPort": [29000, 8000, 1023, 65536],
     "routing.cacheAware.cacheThreshold": [0, 0.3, 1, 1.01, -0.1],
     "routing.cacheAware.balanceRelThreshold": [1, 1.5, 0.99],
-    "routing.image": ["repo/router:1", "has space", ""],
+    "routing.image": ["repo/router:1", "has space", "", "r\x01outer:1", "r\u00a0outer"],
     "routing.resources.cpu": ["2", "1.5", 3, "abc"],
     "routing.resources.dedicatedCpus": [True, False, "yes"],
     "routing.inferencePool.endpointPickerRef": [{"name": "e", "port": {"number": 9002}}, {"name": "e"},
@@ -257,6 +260,9 @@ def corpus(seed: int = 17, valid: int = 120, broken_rounds: int = 8, mutated: in
     for r in range(broken_rounds):
         for j, (klass, spec) in enumerate(_broken(rng, rng.choice(bases))):
             cases.append(Case(klass, _cr(f"b{r}-{j}", spec), False))
+        # a name shaped like the one the operator gives another serving's router objects (render/naming.py)
+        cases.append(Case("routerName", _cr(f"flash{r}--{rng.choice(['qupehpke', 'abcdefgh'])}-router",
+                                            rng.choice(bases)), False))
     for i in range(mutated):
         path = rng.choice(sorted(_MUTATIONS))
         spec = _set(rng.choice(bases), path, rng.choice(_MUTATIONS[path]))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from flashserve.api.validation import parse_serving
+import pytest
+from flashserve.api.validation import SpecError, parse_serving
 from flashserve.render.naming import (
     GROUP_LABEL,
     SERVING_LABEL,
@@ -98,12 +99,21 @@ def test_two_servings_never_share_a_child_or_a_pod_selector(a, b):
     assert serving_label_value(a) != serving_label_value(b), "the operator's worker key"
 
 
-def test_the_router_budget_and_policy_meet_only_a_serving_named_after_them():
-    """The one known meeting (naming.py says so): a serving named exactly like another's router takes that
-    name for its engines' budget and policy. It must be chosen on purpose; the owner check guards it."""
-    r = router_name("flash")
-    keys = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs}  # noqa: E731
-    assert keys(_objects("flash", 1)) & keys(_objects(r, 1)) == {("PodDisruptionBudget", r), ("NetworkPolicy", r)}
+def test_a_serving_named_like_another_servings_router_is_refused():
+    """The one name shape that would meet another serving's children (naming.py says so): a serving named exactly
+    like another's router would take that name for its engines' budget and policy. The API refuses that shape,
+    and it is the shape of every router name, and of no name that merely ends in -router."""
+    import re
+
+    from flashserve.api.v1alpha1 import OPERATOR_ROUTER_NAME
+
+    for serving in ("flash", "a" * 253, "x.y-z", "1abc"):
+        r = router_name(serving)
+        assert re.search(OPERATOR_ROUTER_NAME, r)
+        with pytest.raises(SpecError, match=r"metadata.name: .* ends like the name the operator gives"):
+            _objects(r, 1)
+    for own in ("flash-router", "flash--router", "my-router", "a--b-router"):
+        assert {o["kind"] for o in _objects(own, 1)} >= {"PodDisruptionBudget", "NetworkPolicy"}
     assert router_name("flash") != router_name("flash-router") != router_name("flash--router")
 
 

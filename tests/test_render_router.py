@@ -103,10 +103,14 @@ def test_a_policy_taken_through_the_worker_api_renders_an_igw_router_without_dis
     operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "flashserve-system"}}}
     assert {"from": [operator], "ports": [{"port": 8200, "protocol": "TCP"}]} in policy["spec"]["ingress"]
     assert not by_kind(objs, "Role") and not by_kind(objs, "RoleBinding"), "the router reads nothing of the API"
+    (deployment,) = by_kind(objs, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False, "and holds no token"
     for other in router_facts.POLICIES:
         (p,) = [p for p in by_kind(_render({"routing": {"policy": other}}), "NetworkPolicy")
                 if p["metadata"]["name"] == router_name("flash")]  # fmt: skip
         assert {"from": [operator], "ports": [{"port": 8000, "protocol": "TCP"}]} in p["spec"]["ingress"], other
+        (d,) = by_kind(_render({"routing": {"policy": other}}), "Deployment")
+        assert d["spec"]["template"]["spec"]["automountServiceAccountToken"] is True, other  # its pod watch
 
 
 def test_the_api_defaults_are_the_routers_own():
@@ -233,7 +237,7 @@ def test_inference_pool_selects_the_serving_engines_on_the_engine_port():
         ({"port": 80}, "spec.routing.port", "greater than or equal to 1024"),
         ({"cacheAware": {"cacheThreshold": 1.5}}, "spec.routing.cacheAware.cacheThreshold", "less than or equal to 1"),
         ({"cacheAware": {"balanceRelThreshold": 0.5}}, "spec.routing.cacheAware.balanceRelThreshold", "greater than"),
-        ({"image": "has space"}, "spec.routing.image", "pattern"),
+        ({"image": "has space"}, "spec.routing.image", "image reference"),
         ({"resources": {"cpu": "abc"}}, "spec.routing.resources.cpu", "positive Kubernetes quantity"),
         ({"resources": {"memory": "0"}}, "spec.routing.resources.memory", "not positive"),
         ({"resources": {"dedicatedCpus": True, "cpu": "1500m"}}, "spec.routing.resources.cpu", "whole number"),

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from flashserve_testbed.runtime import credentials
 from flashserve_testbed.runtime.engine import ProbeSettings
-from flashserve_testbed.runtime.launch import LaunchSettings, build_router_launch, is_router_pod
+from flashserve_testbed.runtime.launch import LaunchSettings, build_router_launch, is_router_pod, mounts_token
 from flashserve_testbed.runtime.runtime import Runtime, RuntimeSettings
 
 from tests.builders import node
@@ -70,6 +70,17 @@ def test_router_launch_runs_the_pods_own_command_on_its_ip_with_its_own_credenti
     # the pod cannot point the router at other credentials, nor at an in-cluster API address
     assert env["KUBECONFIG"] == "/state/credentials/demo_r.kubeconfig"
     assert "KUBERNETES_SERVICE_HOST" not in env and env["RUST_LOG"] == "info"
+
+
+def test_a_router_pod_that_mounts_no_token_gets_no_credentials_at_all():
+    """automountServiceAccountToken: false (a router the operator feeds): no KUBECONFIG, not even the one the
+    pod's env names, as the kubelet would give it no token."""
+    pod = router_pod()
+    assert mounts_token(pod)
+    pod["spec"]["automountServiceAccountToken"] = False
+    assert not mounts_token(pod)
+    launch = build_router_launch(pod, LaunchSettings(engine_bin="/x"), None)
+    assert "KUBECONFIG" not in launch.env and launch.kubeconfig is None
 
 
 def test_the_launcher_takes_the_appended_host_flags():

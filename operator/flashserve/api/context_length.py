@@ -67,10 +67,11 @@ def _cel_string_tokens() -> str:
 
 def cel_rules() -> list[dict[str, str]]:
     """The same grammar and bounds for the API server (x-kubernetes-validations of the int-or-string field).
-    Truncation as vLLM does it: a decimal size below 1 token (`0.0001k`) is refused by the `>= 1.0` test."""
+    Truncation as vLLM does it: a decimal size below 1 token (`0.0001k`) is refused by the `>= 1.0` test, and one
+    that truncates to the maximum (`1048.5765k`) is admitted by the `< max + 1` test."""
     string_ok = (
         f"self.matches('{PATTERN.replace(chr(92), chr(92) * 2)}') && "
-        f"(self == 'auto' || ({_cel_string_tokens()} >= 1.0 && {_cel_string_tokens()} <= {float(MAX_TOKENS)!r}))"
+        f"(self == 'auto' || ({_cel_string_tokens()} >= 1.0 && {_cel_string_tokens()} < {float(MAX_TOKENS + 1)!r}))"
     )
     return [
         {

@@ -114,6 +114,13 @@ RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
         {
+            "rule": "self.parallelism.nodesPerReplica == 1 || self.engine.port != self.parallelism.rpcPort",
+            "message": "a multi-node group's leader listens on engine.port for the API and on parallelism.rpcPort "
+            "for data-parallel RPC: change one of them",
+            "fieldPath": ".parallelism.rpcPort",
+            "reason": "FieldValueInvalid",
+        },
+        {
             "rule": f"{_ACC} in {_NVLINK} || (!self.placement.computeDomain.enabled "
             "&& !has(self.placement.computeDomain.resourceClaimTemplateName))",
             "message": f"ComputeDomains provide multi-node NVLink (IMEX) on {'/'.join(_NVLINK_NAMES)} only: "
@@ -447,6 +454,10 @@ def generate_crd() -> dict:
                         "openAPIV3Schema": {
                             "type": "object",
                             "description": (api.DeepSeekServing.__doc__ or "").strip(),
+                            "x-kubernetes-validations": [
+                                {"rule": f"!self.metadata.name.matches('{api.OPERATOR_ROUTER_NAME}')",
+                                 "message": f"metadata.name {api.ROUTER_NAME_MESSAGE}"},
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

@@ -17,21 +17,22 @@ from pydantic import Field
 # apimachinery IsQualifiedName: an optional DNS-1123 subdomain prefix and "/", then a name of at most 63
 # characters, alphanumeric at both ends with "-", "_" and "." inside.
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
+DNS_SUBDOMAIN = rf"{DNS_LABEL}(\.{DNS_LABEL})*"
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 QUALIFIED_NAME = rf"^({DNS_LABEL}(\.{DNS_LABEL})*/)?{_NAME}$"
 PREFIX_MAX = 253
 # apimachinery IsValidLabelValue: empty, or a name as above.
 LABEL_VALUE = rf"^({_NAME})?$"
-# apimachinery IsConfigMapKey (Secret and ConfigMap data keys).
-SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+# apimachinery IsConfigMapKey (Secret and ConfigMap data keys): not `.` or `..` and no `..` at the start, which a
+# volume's file name would read as a path out of the mount.
+SECRET_KEY = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 
 # apimachinery IsDNS1123Label (a namespace) and IsDNS1123Subdomain (an object's name), lengths included: for the
 # names the commands and the validation check before they reach the API server.
 NAMESPACE_NAME = re.compile(rf"(?=.{{1,63}}$){DNS_LABEL}")
 OBJECT_NAME = re.compile(rf"(?=.{{1,253}}$){DNS_SUBDOMAIN}")
 
-SECRET_KEY_HINT = "a Secret key: letters, digits, '-', '_' or '.' only"
+SECRET_KEY_HINT = "a Secret key: letters, digits, '-', '_' or '.' only, not '.' or '..' and not starting with '..'"
 QUALIFIED_HINT = ("a Kubernetes qualified name: an optional DNS prefix and '/', then at most 63 letters, digits, "
                   "'-', '_' or '.', starting and ending with a letter or digit (e.g. nvidia.com/gpu.clique)")  # fmt: skip
 LABEL_VALUE_HINT = ("a Kubernetes label value: empty, or at most 63 letters, digits, '-', '_' or '.', starting and "
@@ -94,10 +95,11 @@ def toleration_errors(key: str | None, operator: str | None, value: str | None, 
     return errors
 
 
-# A container image reference as the kubelet passes it on: no whitespace and no control characters (the API
-# server admits them in a pod; the pull then fails on the node, far from the field that caused it).
-IMAGE = r"^[^\s\x00-\x1f\x7f]+$"
-IMAGE_HINT = "an image reference: no spaces or control characters (e.g. vllm/vllm-openai:v0.33.0)"
+# A container image reference as the kubelet passes it on: printable ASCII, no space (the API server admits
+# anything in a pod; the pull then fails on the node, far from the field that caused it). Spelled out, not `\s`:
+# pydantic's regex reads `\s` as Unicode whitespace and the API server's RE2 as ASCII only.
+IMAGE = r"^[!-~]+$"
+IMAGE_HINT = "an image reference: printable ASCII, no spaces (e.g. vllm/vllm-openai:v0.33.0)"
 
 HINTS = {QUALIFIED_NAME: QUALIFIED_HINT, TOLERATION_KEY: "empty or " + QUALIFIED_HINT, LABEL_VALUE: LABEL_VALUE_HINT,
          SECRET_KEY: SECRET_KEY_HINT, IMAGE: IMAGE_HINT}  # fmt: skip

@@ -53,7 +53,16 @@ OPERATOR_CHANNEL_TEMPLATE = r"--[a-z0-9]{8}-g[0-9]+-cd-channel$"
 CHANNEL_MESSAGE = ("names the IMEX channel template the operator creates for a serving: set computeDomain.enabled "
                    "for a ComputeDomain of this serving's own, or name a template you created")
 SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
-PROMETHEUS_URL = r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?(/[^\s\\]*)?$"
+# The host part of prometheusUrl: a name or an IP literal, and a port (autoscaling/allowlist.py checks the host
+# the operator will reach with the same pattern). The path is printable ASCII without `\`.
+PROMETHEUS_NETLOC = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?"
+PROMETHEUS_URL = rf"^https?://{PROMETHEUS_NETLOC}(/[!-\[\]-~]*)?$"
+# How the operator names a serving's router objects (render/naming.py router_name). The engines' PodDisruptionBudget
+# and NetworkPolicy take the serving's own name, so a serving named like that would take another serving's router
+# PodDisruptionBudget and NetworkPolicy names first, leaving that router without them.
+OPERATOR_ROUTER_NAME = r"--[a-z2-7]{8}-router$"
+ROUTER_NAME_MESSAGE = ("ends like the name the operator gives a serving's router objects (<name>--<8 characters>-router): "
+                       "choose a name that does not end in -router after a double dash")
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=rf"^{DNS_LABEL}$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 Quantity = Annotated[int | str, Field(json_schema_extra=QUANTITY_JSON_SCHEMA)]
@@ -587,7 +596,7 @@ class RoutingSpec(_Model):
     endpoint down."""
     resources: RouterResourcesSpec = Field(default_factory=RouterResourcesSpec)
     """CPU and memory of each router pod."""
-    image: str = Field(router_facts.ROUTER_IMAGE, min_length=1, max_length=512, pattern=r"^[^\s]+$")
+    image: str = Field(router_facts.ROUTER_IMAGE, min_length=1, max_length=512, pattern=kubevalues.IMAGE)
     """Image with the `vllm-router` command (0.1.17; the project's router image by default). Pin a digest in
     production."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"

@@ -19,6 +19,8 @@ from flashserve.api.startup_validation import startup_errors
 from flashserve.api.v1alpha1 import (
     CHANNEL_MESSAGE,
     OPERATOR_CHANNEL_TEMPLATE,
+    OPERATOR_ROUTER_NAME,
+    ROUTER_NAME_MESSAGE,
     DeepSeekServing,
     DeepSeekServingSpec,
 )
@@ -200,6 +202,14 @@ def semantic_errors(spec: DeepSeekServingSpec) -> list[FieldError]:
         )
     if len(set(spec.model.served_model_names)) != len(spec.model.served_model_names):
         errs.append(FieldError("spec.model.servedModelNames", "names must be unique: remove the duplicate"))
+    if lay.multi_node and eng.port == par.rpc_port:
+        errs.append(
+            FieldError(
+                "spec.parallelism.rpcPort",
+                f"a multi-node group's leader listens on engine.port for the API and on rpcPort for data-parallel "
+                f"RPC, both {eng.port} here: change one of them",
+            )
+        )
     if eng.max_num_batched_tokens < eng.max_num_seqs:
         errs.append(
             FieldError(
@@ -391,6 +401,8 @@ def parse_serving(obj: dict) -> DeepSeekServing:
     elif not kubevalues.OBJECT_NAME.fullmatch(name):
         errs.append(FieldError("metadata.name", f"{name!r} is not a Kubernetes name: lowercase letters, digits, "
                                                 "'-' and '.', starting and ending with a letter or digit, at most 253"))  # fmt: skip
+    elif re.search(OPERATOR_ROUTER_NAME, name):
+        errs.append(FieldError("metadata.name", f"{name!r} {ROUTER_NAME_MESSAGE}"))
     if namespace is not None and (not isinstance(namespace, str) or not kubevalues.NAMESPACE_NAME.fullmatch(namespace)):
         errs.append(FieldError("metadata.namespace", f"{namespace!r} is not a namespace name: lowercase letters, "
                                                      "digits and '-', at most 63"))  # fmt: skip

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from flashserve.api.kubevalues import DNS_LABEL
+from flashserve.api.v1alpha1 import PROMETHEUS_NETLOC
 
 _SERVICE_LABEL = DNS_LABEL
 
@@ -22,7 +23,7 @@ _SERVICE_LABEL = DNS_LABEL
 # What the host part may hold: a name or an IP literal, and a port. The HTTP client and urlsplit must agree on
 # the host, and they part ways over characters such as `\` (the client ends the host there, urlsplit does not:
 # `http://10.0.0.1\.monitoring.svc/` would pass `*.monitoring.svc` and reach 10.0.0.1), `@` and `%`.
-_NETLOC = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?")
+_NETLOC = re.compile(PROMETHEUS_NETLOC)
 
 
 def _origin(url: str) -> tuple[str, str, int] | None:

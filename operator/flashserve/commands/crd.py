@@ -14,8 +14,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     text = crd_yaml()
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
+        try:
+            with open(args.output, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            print(f"error: --output {args.output}: {exc.strerror or exc}: name a file in a directory that exists "
+                  "and can be written", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0

@@ -18,9 +18,9 @@ never write, select or delete another's children:
   for them, and there is one of each per serving).
 - The router's Deployment, ServiceAccount, Role and RoleBinding are `<prefix>--<hash>-router` (one of each
   per serving, and the only objects of those kinds the operator makes). Its PodDisruptionBudget and
-  NetworkPolicy take the same name; a serving whose own name is exactly that string would meet them with its
-  engines' budget and policy, which only a name chosen to collide can do: the reconciler's owner check then
-  refuses to write the object another serving owns.
+  NetworkPolicy take the same name; a serving whose own name were exactly that string would meet them with its
+  engines' budget and policy, and created first it would leave the other serving's router without them. The API
+  refuses serving names of that shape (api.v1alpha1.OPERATOR_ROUTER_NAME, in the CRD and in parse_serving).
 - The InferencePool takes the serving's exact name (one per serving).
 - The serving label value is the exact name when it fits 63 characters; a longer one becomes
   `<prefix>_<hash>`: a `_` cannot appear in a serving name, so it never equals one that is kept.

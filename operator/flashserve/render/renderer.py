@@ -392,6 +392,7 @@ def _router_context(obj: DeepSeekServing, namespace: str) -> dict:
         "router": router_name(name),
         "router_labels": {**labels(name), COMPONENT_LABEL: "router"},
         "router_selector": router_selector(name),
+        "reads_api": not routing.registers_workers(),
         "router_port": routing.port,
         "metrics_port": routing.metrics_port,
         "replicas": routing.replicas,

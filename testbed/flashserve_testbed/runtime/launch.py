@@ -203,10 +203,17 @@ def router_container(pod: dict) -> dict:
     return next(c for c in pod["spec"]["containers"] if c.get("name") == ROUTER_CONTAINER)
 
 
-def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str) -> Launch:
+def mounts_token(pod: dict) -> bool:
+    """Whether the kubelet would give the pod its ServiceAccount's token (the pod's own setting; the
+    ServiceAccount's is not read)."""
+    return (pod.get("spec") or {}).get("automountServiceAccountToken") is not False
+
+
+def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str | None) -> Launch:
     """The router container's own command (vllm-router ...) with `--host <podIP> --prometheus-host <podIP>`
     appended (its launcher is argparse with plain `store` options: the last value wins), and KUBECONFIG set to
-    `kubeconfig`, the pod's own ServiceAccount credentials the runtime writes."""
+    `kubeconfig`, the pod's own ServiceAccount credentials the runtime writes (None: a pod that mounts no token
+    gets no KUBECONFIG at all)."""
     meta = pod["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     where = f"pod {ns}/{name}"
@@ -234,7 +241,9 @@ def build_router_launch(pod: dict, settings: LaunchSettings, kubeconfig: str) ->
     if "PATH" in resolved.env:
         env["PATH"] = f"{bin_dir}{os.pathsep}{resolved.env['PATH']}"
     # Last, so nothing in the pod can point the router at other credentials (the admin's above all).
-    env["KUBECONFIG"] = kubeconfig
+    env.pop("KUBECONFIG", None)
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = kubeconfig
     for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
         env.pop(var, None)
     return Launch(argv=argv, env=env, address=address, port=port, profile="", container=ROUTER_CONTAINER,

@@ -31,6 +31,7 @@ from flashserve_testbed.runtime.launch import (
     choose_profile,
     engine_container,
     is_router_pod,
+    mounts_token,
     router_container,
 )
 from flashserve_testbed.runtime.podenv import EnvError
@@ -354,7 +355,7 @@ class Runtime:
         nodes = (await self.api.get("/api/v1/nodes")).get("items") or []
         require_loopback(pods, nodes, component)
 
-    def _router_prepare(self, pod: dict, path: Path):
+    def _router_prepare(self, pod: dict, path: Path | None):
         meta = pod["metadata"]
         who = f"router pod {meta['namespace']}/{meta['name']}"
 
@@ -365,6 +366,8 @@ class Runtime:
                 raise StartRefused(str(e), reason="NotLoopback") from None
             except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 raise StartRefused(f"cannot check the cluster's addresses: {e}") from None
+            if path is None:  # automountServiceAccountToken: false
+                return
             try:
                 self.token_due[meta["uid"]] = await credentials.write_pod_kubeconfig(self.api, pod, path,
                                                                                  self.settings.router_api_server)
@@ -425,8 +428,8 @@ class Runtime:
         prepare = None
         try:
             if is_router_pod(pod):
-                path = self._credentials_path(pod)
-                launch = build_router_launch(pod, self.settings.launch, str(path))
+                path = self._credentials_path(pod) if mounts_token(pod) else None
+                launch = build_router_launch(pod, self.settings.launch, None if path is None else str(path))
                 prepare = self._router_prepare(pod, path)
                 container = router_container(pod)
             else:
