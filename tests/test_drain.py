@@ -135,6 +135,27 @@ def test_a_busy_group_goes_when_drain_seconds_pass_and_status_says_so(events, cl
     assert drained["type"] == "Warning" and "timeout" in drained["message"] and "4 requests" in drained["message"]
 
 
+def test_a_busy_engine_whose_readiness_fails_is_still_asked_and_not_cut(events, clock):
+    """NotReady stops new requests, not the ones an engine holds (a health check that times out under load, a
+    node gone NotReady): the drain asks the engine and waits for it, as for a ready one."""
+    spec = {"replicas": 2, "rollout": {"drainSeconds": 300}}
+    engines = FakeEngines()
+    kube, c, status = settled(spec, clock, engines)
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))
+    engines.load[pods(kube)[f"{G(1)}-0"].ip] = 7
+    kube.unready.add(G(1))
+    clock.advance(DRAIN_SETTLE_S + 1)
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, G(1)) in kube.objects
+    assert [(s.labels["group"], s.value) for s in drain_gauge(c.drains).samples] == [("1", 7)]
+    engines.load[pods(kube)[f"{G(1)}-0"].ip] = 0
+    clock.advance(2)
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, G(1)) not in kube.objects
+    assert status["lastDrains"][0]["endedBy"] == "Idle"
+
+
 def test_a_drain_survives_an_operator_restart(events, clock):
     spec = {"replicas": 2}
     kube, c, status = settled(spec, clock)
@@ -150,6 +171,24 @@ def test_a_drain_survives_an_operator_restart(events, clock):
     assert ("StatefulSet", NS, G(1)) not in kube.objects
     assert status["lastDrains"][0]["seconds"] == DRAIN_SETTLE_S + 1
     assert parse_iso(since) == clock.time() - DRAIN_SETTLE_S - 1
+
+
+@pytest.mark.parametrize("since", ["9999-12-31T23:00:00-05:00", "2099-01-01T00:00:00Z"])
+def test_a_drain_time_in_the_future_is_written_again_as_now(events, clock, since):
+    """A hand edit, or a leader whose clock ran ahead: the drain neither waits out the gap nor fails to write
+    a time past year 9999 into status."""
+    spec = {"replicas": 2}
+    kube, c, status = settled(spec, clock)
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))
+    kube.pod_meta[f"{G(1)}-0"]["annotations"][DRAIN_SINCE_ANNOTATION] = since
+    clock.advance(RECENT_WRITE_S + 1)
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert parse_iso(pods(kube)[f"{G(1)}-0"].drain_since) == int(clock.time()), "labelled again, with the time now"
+    clock.advance(DRAIN_SETTLE_S + 1)
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert ("StatefulSet", NS, G(1)) not in kube.objects
+    assert status["lastDrains"][0]["endedBy"] == "Idle"
 
 
 def test_scaling_back_up_puts_the_group_back_into_routing(events, clock):

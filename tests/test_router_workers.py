@@ -5,7 +5,10 @@ tests/router/test_vllm_router.py runs the same client against the real vllm-rout
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from flashserve.clock import parse_iso
 from flashserve.api.v1alpha1 import DEFAULT_SERVED_NAME
 from flashserve.controller.drain import DRAIN_SETTLE_S, parse_networks
 from flashserve.controller.observe import Observed, PodView
@@ -333,6 +336,7 @@ def test_what_a_discovering_router_still_routes_to_is_what_it_lists_of_pods_out_
         _pod("g2-0", "10.0.0.3", routing="drain"),  # no since yet: the drain labels it again
         _pod("g3-0", "10.0.0.4", routing="drain", drain_since="2026-12-06T10:00:05Z", host_network=True),
     ])  # fmt: skip
+    observed = dataclasses.replace(observed, now=parse_iso("2026-12-06T10:01:00Z"))
     out = out_of_routing(observed, 8000)
     assert list(out) == ["http://10.0.0.2:8000"]
     listed = ["http://10.0.0.1:8000@0", "http://10.0.0.2:8000@3", "http://10.0.0.2:8000", "http://10.0.0.2:80001"]

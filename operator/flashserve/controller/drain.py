@@ -75,16 +75,23 @@ class DrainStep:
     started: bool  # no pod of the group was out of routing before this plan
 
 
-def out_since(p: PodView) -> float | None:
-    """When a drain took the pod out of routing; None while it takes traffic (or its annotation is unreadable,
-    and the drain labels it again)."""
-    return parse_iso(p.drain_since) if p.routing == ROUTING_DRAIN else None
+def out_since(p: PodView, now: float) -> float | None:
+    """When a drain took the pod out of routing; None while it takes traffic, or when its annotation is unreadable
+    or later than `now` (a hand edit, or a leader whose clock ran ahead: it would hold the drain for the gap, and
+    one past year 9999 could not be written into status), and the drain labels it again with the time now."""
+    since = parse_iso(p.drain_since) if p.routing == ROUTING_DRAIN else None
+    if since is None or since > now + ANNOTATION_RESOLUTION_S:
+        return None
+    return min(since, now)
 
 
 def in_flight(p: PodView, observed: Observed) -> int | None:
-    """Requests a draining pod still holds. A pod that is not ready or has no IP takes no traffic (neither the
-    router nor a Service sends it any) and counts as idle; a ready one that did not answer is unknown."""
-    if not p.ready or not p.ip:
+    """Requests a draining pod still holds, as its engine answered (drain_targets); a pod without an IP runs
+    nothing and counts as idle, one that did not answer is unknown. Readiness says nothing here: a pod turns
+    NotReady when its health check times out under load or its node goes NotReady, and keeps serving the
+    requests it holds, so an unready pod is asked like a ready one (an engine that is not listening, one still
+    starting or one that exited, refuses the connection and counts as idle)."""
+    if not p.ip:
         return 0
     return observed.in_flight.get(p.name)
 
@@ -95,7 +102,7 @@ def drain_step(index: int, reason: str, pods: list[PodView], spec: DeepSeekServi
     if seconds == 0 or not pods:
         return DrainStep(True, [], None, False)
     now = observed.now
-    marked = {p.name: t for p in pods if (t := out_since(p)) is not None}
+    marked = {p.name: t for p in pods if (t := out_since(p, now)) is not None}
     label = [(p.name, p.uid, iso_at(now)) for p in pods if p.name not in marked]
     first = min(marked.values(), default=now)
     last = now if label else max(marked.values())
@@ -150,7 +157,7 @@ def drain_targets(observed: Observed, networks: tuple[IPNetwork, ...] = ()) -> l
     owners = {name: ((s.get("metadata") or {}).get("uid") or "") for name, s in observed.statefulsets.items()}
     out = []
     for p in observed.pods:
-        if p.routing != ROUTING_DRAIN or p.terminating or not p.ready or p.host_network:
+        if p.routing != ROUTING_DRAIN or p.terminating or p.host_network:
             continue
         owner = owners.get(statefulset_of(p.name))
         if not owner or p.owner_uid != owner:

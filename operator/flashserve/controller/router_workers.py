@@ -111,7 +111,7 @@ def out_of_routing(observed: Observed, port: int, networks: tuple[IPNetwork, ...
     what a router that discovers the pods must no longer list."""
     out = {}
     for p in observed.pods:
-        host, since = reachable_host(p, networks), out_since(p)
+        host, since = reachable_host(p, networks), out_since(p, observed.now)
         if host is not None and since is not None:
             out[f"http://{host}:{port}"] = since
     return out
