@@ -25,7 +25,18 @@ from flashserve.render.renderer import render_serving, serve_selector
 from kubernetes.client.rest import ApiException
 
 from tests.builders import NS, body
-from tests.fakes import SERVING_KIND, Clock, FakeApiClient, FakeKube, api_error, conditions, controller, install, reconcile
+from tests.fakes import (
+    SERVING_KIND,
+    Clock,
+    FakeApiClient,
+    FakeKube,
+    api_error,
+    conditions,
+    controller,
+    install,
+    reconcile,
+    settled,
+)
 
 LOG = logging.getLogger("test")
 
@@ -106,6 +117,31 @@ def test_a_serving_in_steady_state_costs_no_request_at_all(events, clock):
     fresh = controller(kube)
     reconcile(fresh, kube, body("flash", {"replicas": 2}, status=status))
     assert kube.calls == [] and events == []
+
+
+def test_quantities_the_api_server_stores_in_another_spelling_are_not_written_again(events, clock):
+    """The API server keeps a quantity's amount and stores its canonical spelling (`1024Gi` as `1Ti`, `1.5` as
+    `1500m`): a resync compares the amounts, and a serving written with such spellings is still at rest."""
+    canonical = {"1024Gi": "1Ti", "1.5": "1500m", "16384Mi": "16Gi", "1024Mi": "1Gi"}
+    spec = {"replicas": 1, "engine": {"resources": {"memory": "1024Gi", "cpu": "1.5", "shmSize": "16384Mi"}},
+            "routing": {"resources": {"memory": "1024Mi"}}}  # fmt: skip
+    kube, c, status = settled(spec, clock)
+
+    def respell(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: (canonical.get(v, v) if k in ("sizeLimit", "cpu", "memory") else respell(v)) for k, v in node.items()}
+        return [respell(v) for v in node] if isinstance(node, list) else node
+
+    for key, obj in list(kube.objects.items()):
+        kube.objects[key] = respell(obj)
+    assert {"1Ti", "1500m", "16Gi", "1Gi"} <= set(str(kube.objects).replace("'", " ").split()), "respelled"
+    for _ in range(2):
+        clock.advance(RECENT_WRITE_S + 1)
+        status = reconcile(c, kube, body("flash", spec, status=status))
+    assert kube.writes() == [] and [e["reason"] for e in events if e["reason"] == "DriftCorrected"] == []
+    bigger = {**spec, "engine": {"resources": {**spec["engine"]["resources"], "memory": "1025Gi"}}}
+    reconcile(c, kube, body("flash", bigger, status=status))
+    assert ("apply", "StatefulSet") in [c[:2] for c in kube.writes()], "a different amount is still written"
 
 
 def test_a_write_is_not_repeated_while_the_watch_has_not_shown_it_yet(events, clock):

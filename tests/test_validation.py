@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from flashserve.api import quantity
 from flashserve.api.validation import SpecError, parse_serving, parse_spec
 
 
@@ -143,3 +144,14 @@ def test_whole_cores_are_digits_as_the_crds_rule_reads_them(value, whole):
     from flashserve.api import quantity
 
     assert quantity.is_whole(value) is whole
+
+
+@pytest.mark.parametrize(("a", "b"), [("1024Gi", "1Ti"), ("1.5", "1500m"), ("1000m", "1"), ("1e3", "1k"), (".5", "500m"),
+                                      (8, "8"), ("1E", "1e18"), ("0.5Gi", "512Mi"), ("1.", "1"), ("2e-3", "2m")])  # fmt: skip
+def test_quantities_of_one_amount_in_two_spellings_are_equal(a, b):
+    assert quantity.value(a) == quantity.value(b) is not None
+
+
+@pytest.mark.parametrize("q", ["", "abc", "1.5.5", "1e", "10Gib", ".", True, 1.5, None, "+"])
+def test_what_is_not_a_quantity_has_no_amount(q):
+    assert quantity.value(q) is None

@@ -34,6 +34,28 @@ def check(value: int | str) -> None:
         raise ValueError(f"{value!r} is not positive: {HINT}")
 
 
+_SCALE = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal("1e3"),
+          "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
+          **{s: Decimal(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)}}
+
+
+def value(q: object) -> Decimal | None:
+    """The amount a quantity stands for (`1Ti` and `1024Gi`, `1500m` and `1.5` are equal); None when `q` is not
+    one. The API server stores a quantity in its canonical spelling, so what was written is compared by this."""
+    if isinstance(q, bool) or not isinstance(q, (int, str)):
+        return None
+    if isinstance(q, int):
+        return Decimal(q)
+    m = _RE.fullmatch(q) if 0 < len(q) <= MAX_LENGTH else None
+    if m is None or not (m.group(2) or m.group(3)):
+        return None
+    sign, whole, frac, suffix = m.groups()
+    number = Decimal(f"{sign}{whole or 0}.{frac or 0}")
+    if suffix and suffix[0] in "eE" and len(suffix) > 1:
+        return number.scaleb(int(suffix[1:]))
+    return number * _SCALE[suffix or ""]
+
+
 # Whole cores as digits only: the API server's quantity(x).isInteger() is false for 2000m and 2.0 (their
 # parsed form keeps a negative scale) and true for 1k and 1Ki, which no one means for a router's cores; one
 # plain grammar both sides state exactly is harder to get wrong than a copy of apimachinery's parser.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flashserve.api import quantity
 from flashserve.clock import parse_iso
 from flashserve.render.naming import COMPONENT_LABEL, GROUP_LABEL, ROUTING_LABEL, SERVING_LABEL
 from flashserve.render.renderer import TEMPLATE_HASH_ANNOTATION
@@ -252,16 +253,28 @@ def pod_view(body: dict) -> PodView:
     )
 
 
-def is_subset(want: object, have: object) -> bool:
-    """True when every field we set has the value we set. The API server adds defaults (superset is fine) but
-    never drops or rewrites what an applier set, so this tells whether an apply would change anything."""
+# Where a rendered object holds resource quantities: the maps of container resources (and a claim's), whose
+# every value is one, and an emptyDir's size limit.
+_QUANTITY_MAPS = frozenset({"requests", "limits"})
+_QUANTITY_KEYS = frozenset({"sizeLimit"})
+
+
+def is_subset(want: object, have: object, quantities: bool = False) -> bool:
+    """True when every field we set has the value we set. The API server adds defaults (superset is fine) and
+    never drops what an applier set; the one thing it rewrites is a quantity's spelling (`1024Gi` is stored as
+    `1Ti`, `1.5` as `1500m`), so quantities compare by the amount. This tells whether an apply would change
+    anything."""
     if isinstance(want, dict):
         # Empty maps and lists are dropped by the API server (omitempty): absent is what we asked for.
         return isinstance(have, dict) and all(
-            is_subset(v, have[k]) if k in have else v in ({}, [], None) for k, v in want.items()
+            is_subset(v, have[k], quantities or k in _QUANTITY_KEYS or k in _QUANTITY_MAPS)
+            if k in have else v in ({}, [], None)
+            for k, v in want.items()
         )
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
+    if quantities and want != have and (amount := quantity.value(want)) is not None:
+        return amount == quantity.value(have)
     if isinstance(want, (int, float)) and isinstance(have, str) or isinstance(want, str) and isinstance(have, int):
         return str(want) == str(have)
     return want == have
