@@ -6,10 +6,11 @@ tests/router/test_vllm_router.py runs the same client against the real vllm-rout
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
-from flashserve.clock import parse_iso
 from flashserve.api.v1alpha1 import DEFAULT_SERVED_NAME
+from flashserve.clock import parse_iso
 from flashserve.controller.drain import DRAIN_SETTLE_S, parse_networks
 from flashserve.controller.observe import Observed, PodView
 from flashserve.controller.reconciler import RECENT_WRITE_S
@@ -32,6 +33,8 @@ from flashserve.render.naming import router_name
 
 from tests.builders import NS
 from tests.fakes import FakeEngines, FakeKube, body, controller, reconcile
+
+LOG = logging.getLogger("test")
 
 
 def _pod(name: str, ip: str, ready: bool = True, routing: str = "serve", **kw) -> PodView:
@@ -540,3 +543,60 @@ def test_a_sync_adds_before_it_removes_except_a_worker_it_registers_again(monkey
     client.sync("http://r", {Worker("http://new:8000", "m"), Worker("http://relabel:8000", "m")}, "rendezvous_hash")
     assert calls == [("GET", "workers"), ("POST", "http://new:8000"), ("DELETE", "http%3A%2F%2Fold%3A8000"),
                      ("DELETE", "http%3A%2F%2Frelabel%3A8000"), ("POST", "http://relabel:8000")]  # fmt: skip
+
+
+def _lagging_view(kube: FakeKube):
+    """What the operator's pod watch shows now, kept to stand for a watch that lags the operator's writes."""
+    from flashserve.render.naming import legacy_serving_label_value, serving_label_value
+
+    return kube.observed(NS, serving_label_value("flash"), legacy_serving_label_value("flash"))
+
+
+def test_a_pod_just_drained_is_not_registered_again_while_the_pod_watch_lags(events, clock):
+    """rendezvous_hash: the reconciles after the one that took a group out of routing may still see the pods
+    in routing; the routers follow the operator's write, not that view."""
+    import asyncio
+
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 60}}
+    kube, c, status = _settled(clock, spec)
+    c.router_workers = routers = FakeRouters()
+    stale = _lagging_view(kube)
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))
+    leaving = {kube.pod_ip(g, 0) for g in kube.names("StatefulSet") if g.endswith("-g1")}
+    hosts = lambda: {w.url.split("//")[1].split(":")[0] for w in routers.calls[-1][1]}  # noqa: E731
+    assert leaving and not hosts() & leaving
+    for _ in range(2):
+        clock.advance(2)
+        asyncio.run(c.reconcile(body("flash", down, status=status), stale, LOG))
+        assert not hosts() & leaving, "the drained pod was registered again from a lagging view"
+
+
+def test_a_discovering_router_is_not_given_back_a_pod_just_drained_nor_confirmed_from_a_lagging_view(events, clock):
+    """consistent_hash: the routers' own watches dropped the drained group; the operator's view still shows it in
+    routing. It must not add the group back (no pod event would take it out again), nor count the routers as
+    confirmed on a view without the drain; and a router later found listing it takes back a confirmation."""
+    import asyncio
+
+    spec = {"replicas": 2, "rollout": {"drainSeconds": 60}}
+    kube, c, status = _settled(clock, spec, started_at=clock.time() - 3600)
+    kube.engine_ready_at = clock.time() - 3600
+    groups = sorted(kube.names("StatefulSet"))
+    g0, g1 = (f"http://{kube.pod_ip(g, 0)}:8000" for g in groups[:2])
+    stale = _lagging_view(kube)
+    down = {**spec, "replicas": 1}
+    status = reconcile(c, kube, body("flash", down, status=status))  # group 1 out of routing
+    bases = ("http://10.65.0.1:8000", "http://10.65.0.2:8000")
+    c.router_workers = routers = FakeRouters(listing={b: [f"{g0}@{r}" for r in range(4)] for b in bases})
+    synced = c._routers_synced.get((NS, "flash"))
+    clock.advance(2)
+    asyncio.run(c.reconcile(body("flash", down, status=status), stale, LOG))
+    assert routers.repairs and all(g1 not in r.add for _, r in routers.repairs), "added back"
+    assert c._routers_synced.get((NS, "flash")) == synced, "confirmed from a view without the drain"
+    # a router that still lists the group (its watch stalled) takes back whatever was confirmed before
+    c._routers_synced[(NS, "flash")] = clock.time()
+    c.router_workers = FakeRouters(listing={b: [f"{u}@{r}" for u in (g0, g1) for r in range(4)] for b in bases})
+    clock.advance(DRAIN_SETTLE_S + 1)
+    status = reconcile(c, kube, body("flash", down, status=status))
+    assert (NS, "flash") not in c._routers_synced
+    assert any(g.endswith("-g1") for g in kube.names("StatefulSet")), "the drain ended on a stale confirmation"

@@ -253,6 +253,23 @@ class Controller:
         for kind, name in skipped:
             self._recent.pop((kind, namespace, name), None)
 
+    def _routing_writes(self, namespace: str, mine: Observed) -> tuple[frozenset[str], frozenset[str]]:
+        """(leaving, returning): pods of the serving whose routing label the operator set to drain or to serve in
+        the last RECENT_WRITE_S and that the view does not show so yet. The pod watch can lag the operator's own
+        writes by seconds; the routers follow the write, not the lagging view, so a drained pod is never put
+        back into a router and a confirmation is never taken from a view without it."""
+        now = time.monotonic()
+        leaving, returning = set(), set()
+        for pod in mine.pods:
+            rec = self._recent.get(("Pod", namespace, pod.name))
+            if rec is None or now - rec[1] >= RECENT_WRITE_S:
+                continue
+            if rec[0] == ROUTING_DRAIN and pod.routing != ROUTING_DRAIN:
+                leaving.add(pod.name)
+            elif rec[0] == ROUTING_SERVE and pod.routing != ROUTING_SERVE:
+                returning.add(pod.name)
+        return frozenset(leaving), frozenset(returning)
+
     def _skip_repeats(self, namespace: str, p: Plan, digests: list[str] | None = None,
                       mine: Observed | None = None) -> None:
         """Drop writes identical to ones made moments ago (the watch has not shown them yet)."""
@@ -327,10 +344,11 @@ class Controller:
         out: dict[str, float] = {}
         # Seconds each router pod's container has run (None: its start is not in the status yet).
         ran = {r.name: None if r.started_at is None else mine.now - r.started_at for r in mine.router_pods}
+        # This plan's label writes and earlier ones the view does not show yet (_skip_repeats has recorded both).
+        leaving, returning = self._routing_writes(namespace, mine)
         if p is not None:
             desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],
-                                      self.engine_networks, leaving=frozenset(pod for pod, _, _ in p.drain_pods),
-                                      returning=frozenset(pod for pod, _ in p.undrain_pods))  # fmt: skip
+                                      self.engine_networks, leaving=leaving, returning=returning)  # fmt: skip
 
             def job(base: str, pod: str) -> Sync:
                 return self.router_workers.sync(base, desired, spec.routing.policy, ROUTER_SYNC_WAIT_S)
@@ -344,7 +362,8 @@ class Controller:
                 if pod in young:
                     return Repair(listed=tuple(self.router_workers.workers(base)))
                 # Calls end before the reconcile stops waiting (TIMEOUT_S each), so before the plan it informs.
-                return self.router_workers.repair(base, lambda urls: discovery_repair(urls, mine, port, now, networks),
+                return self.router_workers.repair(base, lambda urls: discovery_repair(urls, mine, port, now, networks,
+                                                                                      leaving),
                                                   ROUTER_SYNC_WAIT_S - 2 * ROUTER_CALL_TIMEOUT_S)  # fmt: skip
         targets = router_targets(mine, spec.routing.port, self.engine_networks)
         # One call per router pod at a time: a thread cannot be stopped once its call hangs, and a router that
@@ -414,8 +433,12 @@ class Controller:
                 log.warning("%s/%s: %s", namespace, name, message)
                 kopf.event(body, type="Warning", reason="RouterWorkersUnsynced", message=message)
         # With no router pod to ask, none routes: one the operator cannot reach was never given a worker (under
-        # a discovery policy it is trusted to its pod watch: docs/drain.md, "What a real cluster needs").
-        if not any(self._router_pods[k].behind for k in current):
+        # a discovery policy it is trusted to its pod watch: docs/drain.md, "What a real cluster needs"). A
+        # router found behind takes back an earlier confirmation (a drain must not end on it), and a view that
+        # does not show the operator's own label writes yet confirms nothing about them.
+        if any(self._router_pods[k].behind for k in current):
+            self._routers_synced.pop(key0, None)
+        elif registers or not (leaving or returning):
             self._routers_synced[key0] = mine.now
 
     @staticmethod

@@ -157,15 +157,17 @@ class Repair:
 
 
 def discovery_repair(urls: list[str], observed: Observed, port: int, now: float,
-                     networks: tuple[IPNetwork, ...] = ()) -> Repair:  # fmt: skip
+                     networks: tuple[IPNetwork, ...] = (), leaving: frozenset[str] = frozenset()) -> Repair:  # fmt: skip
     """For a discovering router pod that lists `urls` (`<pod URL>` or `<pod URL>@<rank>`): the URLs of the
     Ready engine pods in routing, Ready for REPAIR_GRACE_S, of which it lists no rank (to add), and its listed
-    pod URLs that are no engine pod of the serving (to remove). Pods out of routing are the watch's to drop."""
+    pod URLs that are no engine pod of the serving (to remove). Pods out of routing are the watch's to drop, and
+    so are the pods in `leaving`, which the operator has just taken out of routing where `observed` does not
+    show it yet: the router's watch dropped them on the write, and none of its events would drop them again."""
     listed = {u.split("@", 1)[0] for u in urls}
     ours = {f"http://{host}:{port}" for p in observed.pods if p.ip and (host := engine_address(p.ip))}
     add = set()
     for p in observed.pods:
-        if p.routing != ROUTING_SERVE or not p.ready or p.terminating:
+        if p.routing != ROUTING_SERVE or not p.ready or p.terminating or p.name in leaving:
             continue
         if p.ready_at is None or now - p.ready_at < REPAIR_GRACE_S:
             continue
