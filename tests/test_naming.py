@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-names = st.from_regex(r"\A[a-z0-9]([-a-z0-9.]{0,250}[a-z0-9])?\Z", fullmatch=True)
+# Serving names: DNS-1123 subdomains (dot-separated labels) of up to 253 characters.
+_labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", fullmatch=True)
+names = st.lists(_labels, min_size=1, max_size=5).map(".".join).filter(lambda n: len(n) <= 253)
 # Names that differ only where the old naming lost information: dots and dashes, a leading digit, the tail
 # of a long name, a `-g<i>` suffix.
 near = st.sampled_from(["a.b", "a-b", "1abc", "s1abc", "flash", "flash-g0", "flash-g0-cd", "flash-pdb", "x" * 70,

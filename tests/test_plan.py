@@ -142,14 +142,17 @@ def test_under_a_discovery_policy_an_idle_group_waits_for_every_router_to_confir
     assert d.ended_by == "Idle" and "routersBehind" not in d.ended()
 
 
-def test_pods_that_are_not_ready_or_have_no_ip_count_as_idle():
+def test_pods_without_an_ip_count_as_idle_and_unready_ones_as_their_engine_answers():
     big = serving({"replicas": 2, "parallelism": {"nodesPerReplica": 2}})
     small = serving({"replicas": 1, "parallelism": {"nodesPerReplica": 2}})
     observed = out_of_routing(at(observe(big), T0 + DRAIN_SETTLE_S), {1}, in_flight=None)
     g1 = [i for i, p in enumerate(observed.pods) if p.group == 1]
     observed.pods[g1[0]] = dataclasses.replace(observed.pods[g1[0]], ready=False)
     observed.pods[g1[1]] = dataclasses.replace(observed.pods[g1[1]], ip="")
-    assert [(d.group, d.ended_by) for d in plan(small, observed).drained] == [(1, "Idle")]
+    assert plan(small, observed).drained == [], "an unready engine that did not answer is not known to be idle"
+    for load, drained in ((3, []), (0, [(1, "Idle")])):
+        observed.in_flight[observed.pods[g1[0]].name] = load
+        assert [(d.group, d.ended_by) for d in plan(small, observed).drained] == drained
 
 
 def test_scaling_back_up_cancels_the_drain():
@@ -208,7 +211,9 @@ def test_unready_outdated_group_is_updated_even_when_the_budget_is_used():
     observed = at(observe(old, ready=False), T0)  # both groups already down: replacing them costs nothing
     assert plan(new, observed).drain_started == [0, 1]
     observed = out_of_routing(at(observe(old, ready=False), T0 + DRAIN_SETTLE_S), {0, 1}, in_flight=None)
-    assert plan(new, observed).rolling == [0, 1], "not ready: idle, whatever its engines say"
+    assert plan(new, observed).rolling == [], "not ready says nothing of the requests its engines hold"
+    observed = out_of_routing(at(observe(old, ready=False), T0 + DRAIN_SETTLE_S), {0, 1}, in_flight=0)
+    assert plan(new, observed).rolling == [0, 1], "engines that answer idle (or refuse: nothing runs) go at once"
 
 
 def test_half_updated_group_is_finished_by_replacing_stale_pods():

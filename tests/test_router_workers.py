@@ -600,3 +600,23 @@ def test_a_discovering_router_is_not_given_back_a_pod_just_drained_nor_confirmed
     status = reconcile(c, kube, body("flash", down, status=status))
     assert (NS, "flash") not in c._routers_synced
     assert any(g.endswith("-g1") for g in kube.names("StatefulSet")), "the drain ended on a stale confirmation"
+
+
+def test_a_pod_named_after_a_group_but_not_its_statefulsets_is_neither_routed_nor_counted(events, clock):
+    """Anyone who may create pods in the namespace can copy a group's labels and name a pod `<group>-7`: it is
+    not the group's, so the operator neither registers it with the routers nor counts it in the group."""
+    import asyncio
+
+    from flashserve.controller.observe import PodView
+
+    spec = {"replicas": 1, "routing": {"policy": "rendezvous_hash"}}
+    kube, c, status = _settled(clock, spec)
+    c.router_workers = routers = FakeRouters()
+    sts = sorted(kube.names("StatefulSet"))[0]
+    view = _lagging_view(kube)
+    real = view.pods[0]
+    view.pods.append(PodView(f"{sts}-7", 0, real.template_hash, True, False, "Running", False, 0, "n", routing="serve",
+                             ip="10.64.9.9", uid="foreign", owner_uid="someone-else", component="engine"))
+    asyncio.run(c.reconcile(body("flash", spec, status=status), view, LOG))
+    assert routers.calls and not any("10.64.9.9" in w.url for w in routers.calls[-1][1])
+    assert kube.status[(NS, "flash")].get("readyReplicas") == 1

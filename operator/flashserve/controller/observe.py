@@ -150,7 +150,7 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         services={n: s for n, s in observed.services.items() if mine(s)},
         pdbs={n: s for n, s in observed.pdbs.items() if mine(s)},
         netpols={n: s for n, s in observed.netpols.items() if mine(s)},
-        pods=[p for p in observed.pods if statefulset_of(p.name) in sts],
+        pods=[p for p in observed.pods if _controlled_by(p, sts.get(statefulset_of(p.name)))],
         deployments=deployments,
         serviceaccounts={n: s for n, s in observed.serviceaccounts.items() if mine(s)},
         roles={n: s for n, s in observed.roles.items() if mine(s)},
@@ -164,6 +164,17 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         now=observed.now,
         in_flight=dict(observed.in_flight),
     )
+
+
+def _controlled_by(pod: PodView, sts: dict | None) -> bool:
+    """Whether the pod is one of the StatefulSet's: named after it and controlled by it. Anyone who may create
+    pods in the namespace can give one a group's name and labels; such a pod must not be registered with the
+    routers, probed by a drain or counted in the group. (A StatefulSet known without its uid, offline, is
+    matched by name.)"""
+    if sts is None:
+        return False
+    uid = (sts.get("metadata") or {}).get("uid")
+    return not uid or pod.owner_uid == uid
 
 
 def pods_missing(observed: Observed) -> dict[str, int]:
