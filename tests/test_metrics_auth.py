@@ -114,3 +114,32 @@ def test_tls_scrapes_are_served_and_a_silent_client_holds_up_no_other(registry, 
     finally:
         silent.close()
         server.shutdown()
+
+
+def test_silent_clients_are_dropped_and_connections_beyond_the_cap_closed_at_once(registry, monkeypatch):
+    """Each connection has a thread: one that never speaks is dropped after the connection timeout, and once
+    MAX_CONNECTIONS are open the next is closed at once instead of taking another thread."""
+    import socket
+    import time
+
+    from flashserve.controller import metrics_auth
+
+    monkeypatch.setattr(metrics_auth, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(metrics_auth._QuietHandler, "timeout", 0.5)
+    server = serve("127.0.0.1", 0, registry)
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    silent = [socket.create_connection(server.server_address[:2]) for _ in range(2)]
+    try:
+        time.sleep(0.1)
+        extra = socket.create_connection(server.server_address[:2])
+        extra.settimeout(2)
+        assert extra.recv(1) == b"", "a connection beyond the cap is closed at once"
+        extra.close()
+        for s in silent:
+            s.settimeout(3)
+            assert s.recv(1) == b"", "a silent client is dropped after the timeout"
+        assert _get(url)[0] == 200
+    finally:
+        for s in silent:
+            s.close()
+        server.shutdown()

@@ -40,6 +40,11 @@ class Reviewer(Protocol):
         """Whether that user may `get` the non-resource URL `path`."""
 
 
+# A review the API server has not answered in this long fails (the scrape is refused, and not cached): a scraper
+# must not hold a thread of the endpoint on a slow API server.
+REVIEW_TIMEOUT_S = 10.0
+
+
 class KubeReviewer:
     """TokenReview and SubjectAccessReview through the Kubernetes API (the operator's own credentials need
     `create` on both)."""
@@ -52,7 +57,7 @@ class KubeReviewer:
 
     def authenticate(self, token: str) -> tuple[str, list[str]] | None:
         review = self.authn.create_token_review({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                                                 "spec": {"token": token}})  # fmt: skip
+                                                 "spec": {"token": token}}, _request_timeout=REVIEW_TIMEOUT_S)  # fmt: skip
         status = review.status
         if not status or not status.authenticated or not status.user:
             return None
@@ -62,7 +67,7 @@ class KubeReviewer:
         review = self.authz.create_subject_access_review({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
             "spec": {"user": user, "groups": groups, "nonResourceAttributes": {"path": path, "verb": "get"}},
-        })  # fmt: skip
+        }, _request_timeout=REVIEW_TIMEOUT_S)  # fmt: skip
         return bool(review.status and review.status.allowed)
 
 
@@ -128,13 +133,36 @@ def guarded_app(registry: CollectorRegistry, gate: Gate | None):
     return app
 
 
-# How long a client may take over its TLS handshake before its connection is dropped.
+# How long a client may take over its TLS handshake, and may then leave its connection silent, before it is
+# dropped; and how many connections are served at once (each has a thread): one more is closed at once, so a
+# client that opens many cannot take the operator's threads.
 HANDSHAKE_TIMEOUT_S = 10.0
+CONNECTION_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 32
 
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     tls: ssl.SSLContext | None = None
+    _slots: threading.BoundedSemaphore | None = None
+
+    def process_request(self, request, client_address):
+        if self._slots is None:  # serve_forever's one thread calls this: no race
+            self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def finish_request(self, request, client_address):
         if self.tls is None:
@@ -153,6 +181,8 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT_S  # a client that stops sending is dropped, not waited for
+
     def log_message(self, format, *args):
         pass
 
