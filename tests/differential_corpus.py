@@ -209,7 +209,8 @@ _MUTATIONS: dict[str, list] = {
     "parallelism.rpcPort": [1024, 80, 65536],
     "placement.accelerator": [*sorted(ACCELERATORS), "H100", "gb200"],
     "placement.nodeSelector": [{"pool": "a"}, {"k" * 317: "v"}, {"pool": "v" * 64}],
-    "placement.tolerations": [[], [{"operator": "Bad"}], [{"key": "x", "operator": "Exists", "tolerationSeconds": 5}]],
+    "placement.tolerations": [[], [{"operator": "Bad"}], [{"key": "x", "operator": "Exists", "tolerationSeconds": 5}],
+                              None],
     "engine.kvCacheDtype": ["auto", "fp8_ds_mla", "float16", "bogus"],
     "engine.attentionBackend": ["FLASHMLA", "FLASH_ATTN", "CPU_MLA"],
     "engine.cudaGraphMode": ["FULL", "NONE", "full"],
@@ -227,7 +228,7 @@ _MUTATIONS: dict[str, list] = {
     "autoscaling.minReplicas": [1, 256, 0, 257],
     "autoscaling.maxReplicas": [1, 4, 256, 257],
     "autoscaling.mode": ["Active", "Advisory", "active"],
-    "autoscaling.prometheusUrl": ["http://p:9090", "ftp://p", "http://a b"],
+    "autoscaling.prometheusUrl": ["http://p:9090", "ftp://p", "http://a b", None],
     "autoscaling.sla.percentile": [50, 0, 100, 99.9],
     "autoscaling.metricsWindowSeconds": [10, 9, 1800, 1801],
     "networkPolicy.allowedNamespaces": [["gw"], ["Bad_NS"], ["a"] * 65],
@@ -244,6 +245,7 @@ _MUTATIONS: dict[str, list] = {
                                                 {"name": "e", "port": {"number": 0}}, {"name": ""}],
     "rollout.drainSeconds": [0, 3600, -1, 3601, "60"],
     "rollout.surge": [False, "yes"],
+    "engine": [None],  # a null in a field that is not nullable is pruned, so the defaults apply
     "unknownField": [1],
     "engine.unknownField": ["x"],
 }

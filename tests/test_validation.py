@@ -155,3 +155,17 @@ def test_quantities_of_one_amount_in_two_spellings_are_equal(a, b):
 @pytest.mark.parametrize("q", ["", "abc", "1.5.5", "1e", "10Gib", ".", True, 1.5, None, "+"])
 def test_what_is_not_a_quantity_has_no_amount(q):
     assert quantity.value(q) is None
+
+
+def test_sections_left_empty_in_a_file_mean_their_defaults_as_the_api_server_prunes_them():
+    """The API server drops a null in a field that is not nullable before defaulting; `flashserve validate`
+    reads a file the same way, and keeps the nulls of nullable fields."""
+    obj = {"apiVersion": "flashserve.io/v1alpha1", "kind": "DeepSeekServing", "metadata": {"name": "flash"},
+           "spec": {"engine": None, "placement": {"tolerations": None, "nodeSelector": None},
+                    "autoscaling": {"prometheusUrl": None, "sla": None}, "routing": None}}  # fmt: skip
+    spec = parse_serving(obj).spec
+    default = parse_spec({})
+    assert spec.engine == default.engine and spec.placement.tolerations == default.placement.tolerations
+    assert spec.autoscaling.prometheus_url is None and spec.routing.enabled
+    with pytest.raises(SpecError, match="spec.replicas"):
+        parse_serving({**obj, "spec": {"replicas": "two"}})

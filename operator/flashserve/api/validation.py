@@ -9,6 +9,7 @@ the operator for objects that got past an older CRD.
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from dataclasses import dataclass
 
@@ -326,6 +327,34 @@ def _kind(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+@functools.cache
+def _spec_schema() -> dict:
+    from flashserve.api.crd import generate_crd
+
+    return generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def prune_nulls(value: object, schema: dict | None) -> object:
+    """`value` as the API server keeps it under the structural `schema`: a null in a field that is not nullable
+    is dropped before defaulting (so `engine:` left empty in a file means the defaults), as apiextensions does.
+    Fields the schema does not know are left for the validation to name."""
+    if schema is None:
+        return value
+    if isinstance(value, dict) and schema.get("type") == "object":
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        out = {}
+        for key, item in value.items():
+            sub = props.get(key) if props is not None else (extra if isinstance(extra, dict) else None)
+            if item is None and sub is not None and not sub.get("nullable"):
+                continue
+            out[key] = prune_nulls(item, sub)
+        return out
+    if isinstance(value, list) and schema.get("type") == "array":
+        return [prune_nulls(item, schema.get("items")) for item in value]
+    return value
+
+
 def parse_spec(spec: dict | None) -> DeepSeekServingSpec:
     """Validate a spec dict (camelCase, as in the API). Raises SpecError listing every problem."""
     if spec is not None and not isinstance(spec, dict):
@@ -408,7 +437,7 @@ def parse_serving(obj: dict) -> DeepSeekServing:
                                                      "digits and '-', at most 63"))  # fmt: skip
     errs += metadata_errors(meta)
     try:
-        spec = parse_spec(obj.get("spec"))
+        spec = parse_spec(prune_nulls(obj.get("spec"), _spec_schema()))
     except SpecError as exc:
         errs += exc.errors
     if errs:
