@@ -60,7 +60,8 @@ def test_crd_to_a_file_it_cannot_write_exits_2_naming_the_option(tmp_path):
     assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
     assert "--output" in out.stderr and "No such file or directory" in out.stderr
     ok = run("crd", "-o", str(tmp_path / "crd.yaml"))
-    assert ok.returncode == 0 and yaml.safe_load((tmp_path / "crd.yaml").read_text())["kind"] == "CustomResourceDefinition"
+    assert ok.returncode == 0
+    assert yaml.safe_load((tmp_path / "crd.yaml").read_text())["kind"] == "CustomResourceDefinition"
 
 
 def test_unknown_command_exits_2():

@@ -191,6 +191,23 @@ def test_a_drain_time_in_the_future_is_written_again_as_now(events, clock, since
     assert status["lastDrains"][0]["endedBy"] == "Idle"
 
 
+def test_a_drain_time_within_the_annotations_resolution_ahead_is_now_and_an_ended_pod_is_idle():
+    from flashserve.controller.drain import in_flight, out_since
+    from flashserve.controller.observe import Observed, PodView
+
+    pod = PodView("g1-0", 1, "h", False, False, "Running", False, 0, "n", routing="drain",
+                  drain_since="2026-01-01T00:00:01Z", ip="10.0.0.1", owner_uid="sts-uid")  # fmt: skip
+    sts = {"g1": {"metadata": {"uid": "sts-uid"}}}
+    now = parse_iso("2026-01-01T00:00:00.400Z")
+    assert out_since(pod, now) == now, "a clock a fraction of a second ahead is no reason to relabel"
+    assert out_since(pod, now - 2) is None
+    observed = Observed(pods=[pod], in_flight={"g1-0": 3})
+    assert in_flight(pod, observed) == 3 and drain_targets(Observed(pods=[pod], statefulsets=sts)) == [pod]
+    for phase in ("Succeeded", "Failed"):
+        ended = dataclasses.replace(pod, phase=phase)
+        assert in_flight(ended, observed) == 0 and drain_targets(Observed(pods=[ended], statefulsets=sts)) == []
+
+
 def test_scaling_back_up_puts_the_group_back_into_routing(events, clock):
     spec = {"replicas": 2}
     engines = FakeEngines(default=3)

@@ -129,7 +129,8 @@ def test_quantities_the_api_server_stores_in_another_spelling_are_not_written_ag
 
     def respell(node: object) -> object:
         if isinstance(node, dict):
-            return {k: (canonical.get(v, v) if k in ("sizeLimit", "cpu", "memory") else respell(v)) for k, v in node.items()}
+            quantities = ("sizeLimit", "cpu", "memory")
+            return {k: (canonical.get(v, v) if k in quantities else respell(v)) for k, v in node.items()}
         return [respell(v) for v in node] if isinstance(node, list) else node
 
     for key, obj in list(kube.objects.items()):

@@ -607,8 +607,6 @@ def test_a_pod_named_after_a_group_but_not_its_statefulsets_is_neither_routed_no
     not the group's, so the operator neither registers it with the routers nor counts it in the group."""
     import asyncio
 
-    from flashserve.controller.observe import PodView
-
     spec = {"replicas": 1, "routing": {"policy": "rendezvous_hash"}}
     kube, c, status = _settled(clock, spec)
     c.router_workers = routers = FakeRouters()
@@ -620,3 +618,24 @@ def test_a_pod_named_after_a_group_but_not_its_statefulsets_is_neither_routed_no
     asyncio.run(c.reconcile(body("flash", spec, status=status), view, LOG))
     assert routers.calls and not any("10.64.9.9" in w.url for w in routers.calls[-1][1])
     assert kube.status[(NS, "flash")].get("readyReplicas") == 1
+
+
+def test_a_pod_put_back_into_routing_is_registered_while_the_pod_watch_lags(events, clock):
+    """rendezvous_hash: scaling back up cancels a drain; the reconciles after it may still see the pods out of
+    routing, and the routers follow the write that put them back."""
+    import asyncio
+
+    spec = {"replicas": 2, "routing": {"policy": "rendezvous_hash"}, "rollout": {"drainSeconds": 60}}
+    kube, c, status = _settled(clock, spec)
+    c.router_workers = routers = FakeRouters()
+    status = reconcile(c, kube, body("flash", {**spec, "replicas": 1}, status=status))  # group 1 out of routing
+    clock.advance(2)
+    drained = _lagging_view(kube)
+    returning = {kube.pod_ip(g, 0) for g in kube.names("StatefulSet") if g.endswith("-g1")}
+    hosts = lambda: {w.url.split("//")[1].split(":")[0] for w in routers.calls[-1][1]}  # noqa: E731
+    assert returning and not hosts() & returning
+    status = reconcile(c, kube, body("flash", spec, status=status))  # back up: group 1 serves again
+    assert hosts() >= returning
+    clock.advance(2)
+    asyncio.run(c.reconcile(body("flash", spec, status=status), drained, LOG))
+    assert hosts() >= returning, "the pod put back was dropped on a view that still shows it drained"

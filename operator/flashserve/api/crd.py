@@ -454,9 +454,12 @@ def generate_crd() -> dict:
                         "openAPIV3Schema": {
                             "type": "object",
                             "description": (api.DeepSeekServing.__doc__ or "").strip(),
+                            # On create only (optionalOldSelf): an update of a serving made before the rule
+                            # must not be refused for a name it cannot change.
                             "x-kubernetes-validations": [
-                                {"rule": f"!self.metadata.name.matches('{api.OPERATOR_ROUTER_NAME}')",
-                                 "message": f"metadata.name {api.ROUTER_NAME_MESSAGE}"},
+                                {"rule": f"oldSelf.hasValue() || size(self.metadata.name) > {api.ROUTER_NAME_MAX} "
+                                         f"|| !self.metadata.name.matches('{api.OPERATOR_ROUTER_NAME}')",
+                                 "message": f"metadata.name {api.ROUTER_NAME_MESSAGE}", "optionalOldSelf": True},
                             ],
                             "properties": {
                                 "apiVersion": {"type": "string"},

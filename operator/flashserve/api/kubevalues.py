@@ -19,7 +19,7 @@ from pydantic import Field
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS_SUBDOMAIN = rf"{DNS_LABEL}(\.{DNS_LABEL})*"
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-QUALIFIED_NAME = rf"^({DNS_LABEL}(\.{DNS_LABEL})*/)?{_NAME}$"
+QUALIFIED_NAME = rf"^({DNS_SUBDOMAIN}/)?{_NAME}$"
 PREFIX_MAX = 253
 # apimachinery IsValidLabelValue: empty, or a name as above.
 LABEL_VALUE = rf"^({_NAME})?$"
@@ -40,7 +40,7 @@ LABEL_VALUE_HINT = ("a Kubernetes label value: empty, or at most 63 letters, dig
 
 QualifiedName = Annotated[str, Field(min_length=1, max_length=PREFIX_MAX + 1 + 63, pattern=QUALIFIED_NAME)]
 # A toleration's key may be empty (with operator: Exists it matches every taint).
-TOLERATION_KEY = rf"^(({DNS_LABEL}(\.{DNS_LABEL})*/)?{_NAME})?$"
+TOLERATION_KEY = rf"^(({DNS_SUBDOMAIN}/)?{_NAME})?$"
 TolerationKey = Annotated[str, Field(max_length=PREFIX_MAX + 1 + 63, pattern=TOLERATION_KEY)]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
 SecretKey = Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY)]

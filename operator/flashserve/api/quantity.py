@@ -22,15 +22,10 @@ def check(value: int | str) -> None:
     """Raises ValueError (with the fix) unless `value` is a positive quantity."""
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a quantity: {HINT}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError(f"{value!r} is not positive: {HINT}")
-        return
-    m = _RE.fullmatch(value) if 0 < len(value) <= MAX_LENGTH else None
-    if m is None:
-        raise ValueError(f"{value[:40]!r} is not a Kubernetes quantity: {HINT}")
-    sign, whole, frac, _ = m.groups()
-    if sign == "-" or Decimal(f"0{whole}.{frac or ''}0") == 0:
+    n = amount(value)
+    if n is None:
+        raise ValueError(f"{str(value)[:40]!r} is not a Kubernetes quantity: {HINT}")
+    if n <= 0:
         raise ValueError(f"{value!r} is not positive: {HINT}")
 
 
@@ -39,7 +34,7 @@ _SCALE = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decim
           **{s: Decimal(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)}}
 
 
-def value(q: object) -> Decimal | None:
+def amount(q: object) -> Decimal | None:
     """The amount a quantity stands for (`1Ti` and `1024Gi`, `1500m` and `1.5` are equal); None when `q` is not
     one. The API server stores a quantity in its canonical spelling, so what was written is compared by this."""
     if isinstance(q, bool) or not isinstance(q, (int, str)):

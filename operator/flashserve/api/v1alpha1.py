@@ -54,15 +54,19 @@ CHANNEL_MESSAGE = ("names the IMEX channel template the operator creates for a s
                    "for a ComputeDomain of this serving's own, or name a template you created")
 SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
 # The host part of prometheusUrl: a name or an IP literal, and a port (autoscaling/allowlist.py checks the host
-# the operator will reach with the same pattern). The path is printable ASCII without `\`.
+# the operator will reach with the same pattern). The path has no space, control character or `\` (spelled
+# out, not `\s`, which pydantic reads as Unicode whitespace and RE2 as ASCII only).
 PROMETHEUS_NETLOC = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?"
-PROMETHEUS_URL = rf"^https?://{PROMETHEUS_NETLOC}(/[!-\[\]-~]*)?$"
+PROMETHEUS_URL = rf"^https?://{PROMETHEUS_NETLOC}(/[^\x00-\x20\x7f\\]*)?$"
 # How the operator names a serving's router objects (render/naming.py router_name). The engines' PodDisruptionBudget
 # and NetworkPolicy take the serving's own name, so a serving named like that would take another serving's router
 # PodDisruptionBudget and NetworkPolicy names first, leaving that router without them.
-OPERATOR_ROUTER_NAME = r"--[a-z2-7]{8}-router$"
-ROUTER_NAME_MESSAGE = ("ends like the name the operator gives a serving's router objects (<name>--<8 characters>-router): "
-                       "choose a name that does not end in -router after a double dash")
+# Checked when a serving is made (a name never changes), so one that exists is never refused an update. The
+# prefix is what naming._prefix makes: a letter, then letters and digits with single dashes; 63 characters in all.
+OPERATOR_ROUTER_NAME = r"^[a-z]([a-z0-9]|-[a-z0-9])*--[a-z2-7]{8}-router$"
+ROUTER_NAME_MAX = 63
+ROUTER_NAME_MESSAGE = ("has the shape of the names the operator gives a serving's router objects "
+                       "(<name>--<8 characters>-router): choose a name that does not end so")
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=rf"^{DNS_LABEL}$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 Quantity = Annotated[int | str, Field(json_schema_extra=QUANTITY_JSON_SCHEMA)]

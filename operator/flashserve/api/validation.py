@@ -21,6 +21,7 @@ from flashserve.api.v1alpha1 import (
     CHANNEL_MESSAGE,
     OPERATOR_CHANNEL_TEMPLATE,
     OPERATOR_ROUTER_NAME,
+    ROUTER_NAME_MAX,
     ROUTER_NAME_MESSAGE,
     DeepSeekServing,
     DeepSeekServingSpec,
@@ -430,7 +431,7 @@ def parse_serving(obj: dict) -> DeepSeekServing:
     elif not kubevalues.OBJECT_NAME.fullmatch(name):
         errs.append(FieldError("metadata.name", f"{name!r} is not a Kubernetes name: lowercase letters, digits, "
                                                 "'-' and '.', starting and ending with a letter or digit, at most 253"))  # fmt: skip
-    elif re.search(OPERATOR_ROUTER_NAME, name):
+    elif len(name) <= ROUTER_NAME_MAX and re.fullmatch(OPERATOR_ROUTER_NAME, name):
         errs.append(FieldError("metadata.name", f"{name!r} {ROUTER_NAME_MESSAGE}"))
     if namespace is not None and (not isinstance(namespace, str) or not kubevalues.NAMESPACE_NAME.fullmatch(namespace)):
         errs.append(FieldError("metadata.namespace", f"{namespace!r} is not a namespace name: lowercase letters, "

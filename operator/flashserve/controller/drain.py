@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from flashserve.api.v1alpha1 import DeepSeekServingSpec
 from flashserve.clock import iso_at, parse_iso
-from flashserve.controller.observe import Observed, PodView, statefulset_of
+from flashserve.controller.observe import Observed, PodView, controlled_by, statefulset_of
 from flashserve.render.naming import ROUTING_DRAIN
 
 # The router drops a pod when its pod watch shows the new label (the drain also asks it whether it did), and
@@ -85,13 +85,18 @@ def out_since(p: PodView, now: float) -> float | None:
     return min(since, now)
 
 
+# A pod in these phases runs nothing, and the IP its status still shows may be another pod's by now.
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
 def in_flight(p: PodView, observed: Observed) -> int | None:
-    """Requests a draining pod still holds, as its engine answered (drain_targets); a pod without an IP runs
-    nothing and counts as idle, one that did not answer is unknown. Readiness says nothing here: a pod turns
-    NotReady when its health check times out under load or its node goes NotReady, and keeps serving the
-    requests it holds, so an unready pod is asked like a ready one (an engine that is not listening, one still
-    starting or one that exited, refuses the connection and counts as idle)."""
-    if not p.ip:
+    """Requests a draining pod still holds, as its engine answered (drain_targets); a pod without an IP, or one
+    that has ended (TERMINAL_PHASES), runs nothing and counts as idle, one that did not answer is unknown.
+    Readiness says nothing here: a pod turns NotReady when its health check times out under load or its node
+    goes NotReady, and keeps serving the requests it holds, so an unready pod is asked like a ready one (an
+    engine that is not listening, one still starting or one that exited, refuses the connection and counts as
+    idle)."""
+    if not p.ip or p.phase in TERMINAL_PHASES:
         return 0
     return observed.in_flight.get(p.name)
 
@@ -154,13 +159,11 @@ def drain_targets(observed: Observed, networks: tuple[IPNetwork, ...] = ()) -> l
     (set by the cluster, not by any user), and the port the rendered spec's: no field of a serving can point the
     operator elsewhere. A hostNetwork pod (its IP is a node's) is never asked: the serving's StatefulSets never
     render one."""
-    owners = {name: ((s.get("metadata") or {}).get("uid") or "") for name, s in observed.statefulsets.items()}
     out = []
     for p in observed.pods:
-        if p.routing != ROUTING_DRAIN or p.terminating or p.host_network:
+        if p.routing != ROUTING_DRAIN or p.terminating or p.host_network or p.phase in TERMINAL_PHASES:
             continue
-        owner = owners.get(statefulset_of(p.name))
-        if not owner or p.owner_uid != owner:
+        if not controlled_by(p, observed.statefulsets.get(statefulset_of(p.name)), strict=True):
             continue
         if reachable_host(p, networks) is None:
             continue

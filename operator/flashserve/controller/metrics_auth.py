@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -56,8 +57,8 @@ class KubeReviewer:
         self.authz = client.AuthorizationV1Api(api_client)
 
     def authenticate(self, token: str) -> tuple[str, list[str]] | None:
-        review = self.authn.create_token_review({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                                                 "spec": {"token": token}}, _request_timeout=REVIEW_TIMEOUT_S)  # fmt: skip
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        review = self.authn.create_token_review(body, _request_timeout=REVIEW_TIMEOUT_S)
         status = review.status
         if not status or not status.authenticated or not status.user:
             return None
@@ -157,6 +158,11 @@ class _Server(ThreadingMixIn, WSGIServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def handle_error(self, request, client_address):
+        # A client dropped for its silence, or one that went away, is not the operator's error: no traceback.
+        if not isinstance(sys.exc_info()[1], (TimeoutError, ConnectionError, ssl.SSLError)):
+            super().handle_error(request, client_address)
 
     def process_request_thread(self, request, client_address):
         try:

@@ -150,7 +150,7 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
         services={n: s for n, s in observed.services.items() if mine(s)},
         pdbs={n: s for n, s in observed.pdbs.items() if mine(s)},
         netpols={n: s for n, s in observed.netpols.items() if mine(s)},
-        pods=[p for p in observed.pods if _controlled_by(p, sts.get(statefulset_of(p.name)))],
+        pods=[p for p in observed.pods if controlled_by(p, sts.get(statefulset_of(p.name)))],
         deployments=deployments,
         serviceaccounts={n: s for n, s in observed.serviceaccounts.items() if mine(s)},
         roles={n: s for n, s in observed.roles.items() if mine(s)},
@@ -166,15 +166,15 @@ def owned(observed: Observed, uid: str | None, label_value: str) -> Observed:
     )
 
 
-def _controlled_by(pod: PodView, sts: dict | None) -> bool:
+def controlled_by(pod: PodView, sts: dict | None, strict: bool = False) -> bool:
     """Whether the pod is one of the StatefulSet's: named after it and controlled by it. Anyone who may create
     pods in the namespace can give one a group's name and labels; such a pod must not be registered with the
-    routers, probed by a drain or counted in the group. (A StatefulSet known without its uid, offline, is
-    matched by name.)"""
+    routers, probed by a drain or counted in the group. A StatefulSet known without its uid (offline) is
+    matched by name, unless `strict` (before the operator connects to the pod)."""
     if sts is None:
         return False
     uid = (sts.get("metadata") or {}).get("uid")
-    return not uid or pod.owner_uid == uid
+    return pod.owner_uid == uid if uid or strict else True
 
 
 def pods_missing(observed: Observed) -> dict[str, int]:
@@ -284,8 +284,8 @@ def is_subset(want: object, have: object, quantities: bool = False) -> bool:
         )
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
-    if quantities and want != have and (amount := quantity.value(want)) is not None:
-        return amount == quantity.value(have)
+    if quantities and want != have and (amount := quantity.amount(want)) is not None:
+        return amount == quantity.amount(have)
     if isinstance(want, (int, float)) and isinstance(have, str) or isinstance(want, str) and isinstance(have, int):
         return str(want) == str(have)
     return want == have

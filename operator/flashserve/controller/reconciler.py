@@ -344,7 +344,8 @@ class Controller:
         out: dict[str, float] = {}
         # Seconds each router pod's container has run (None: its start is not in the status yet).
         ran = {r.name: None if r.started_at is None else mine.now - r.started_at for r in mine.router_pods}
-        # This plan's label writes and earlier ones the view does not show yet (_skip_repeats has recorded both).
+        # Label writes the view does not show yet: earlier reconciles', and with a plan (`p`) this one's too, which
+        # _skip_repeats has recorded; under a discovery policy this runs before the plan, on earlier writes only.
         leaving, returning = self._routing_writes(namespace, mine)
         if p is not None:
             desired = desired_workers(mine, spec.engine.port, router_ranks(spec), spec.model.served_model_names[0],

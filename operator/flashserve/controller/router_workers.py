@@ -156,8 +156,8 @@ class Repair:
     failed: tuple[str, ...] = ()  # the calls that failed, with what happened
 
 
-def discovery_repair(urls: list[str], observed: Observed, port: int, now: float,
-                     networks: tuple[IPNetwork, ...] = (), leaving: frozenset[str] = frozenset()) -> Repair:  # fmt: skip
+def discovery_repair(urls: list[str], observed: Observed, port: int, now: float, networks: tuple[IPNetwork, ...] = (),
+                     leaving: frozenset[str] = frozenset()) -> Repair:  # fmt: skip
     """For a discovering router pod that lists `urls` (`<pod URL>` or `<pod URL>@<rank>`): the URLs of the
     Ready engine pods in routing, Ready for REPAIR_GRACE_S, of which it lists no rank (to add), and its listed
     pod URLs that are no engine pod of the serving (to remove). Pods out of routing are the watch's to drop, and
