@@ -114,13 +114,20 @@ def test_scale_down_drains_then_deletes_once_the_engines_are_idle(events, clock)
     assert kube.calls == [] and engines.asked == []
 
 
-def test_a_busy_group_goes_when_drain_seconds_pass_and_status_says_so(events, clock):
-    spec = {"replicas": 2, "rollout": {"drainSeconds": 30}}
+def _busy_drain(clock, drain_seconds: int, load: int) -> tuple:
+    """2 -> 1 groups, group 1 out of routing with `load` requests on its engine: (kube, controller, status,
+    engines, the scaled-down spec)."""
+    spec = {"replicas": 2, "rollout": {"drainSeconds": drain_seconds}}
     engines = FakeEngines()
     kube, c, status = settled(spec, clock, engines)
     down = {**spec, "replicas": 1}
     status = reconcile(c, kube, body("flash", down, status=status))
-    engines.load[pods(kube)[f"{G(1)}-0"].ip] = 4
+    engines.load[pods(kube)[f"{G(1)}-0"].ip] = load
+    return kube, c, status, engines, down
+
+
+def test_a_busy_group_goes_when_drain_seconds_pass_and_status_says_so(events, clock):
+    kube, c, status, _, down = _busy_drain(clock, 30, 4)
     clock.advance(29)
     status = reconcile(c, kube, body("flash", down, status=status))
     assert ("StatefulSet", NS, G(1)) in kube.objects
@@ -138,12 +145,7 @@ def test_a_busy_group_goes_when_drain_seconds_pass_and_status_says_so(events, cl
 def test_a_busy_engine_whose_readiness_fails_is_still_asked_and_not_cut(events, clock):
     """NotReady stops new requests, not the ones an engine holds (a health check that times out under load, a
     node gone NotReady): the drain asks the engine and waits for it, as for a ready one."""
-    spec = {"replicas": 2, "rollout": {"drainSeconds": 300}}
-    engines = FakeEngines()
-    kube, c, status = settled(spec, clock, engines)
-    down = {**spec, "replicas": 1}
-    status = reconcile(c, kube, body("flash", down, status=status))
-    engines.load[pods(kube)[f"{G(1)}-0"].ip] = 7
+    kube, c, status, engines, down = _busy_drain(clock, 300, 7)
     kube.unready.add(G(1))
     clock.advance(DRAIN_SETTLE_S + 1)
     status = reconcile(c, kube, body("flash", down, status=status))

@@ -17,6 +17,7 @@ from pydantic import Field
 # apimachinery IsQualifiedName: an optional DNS-1123 subdomain prefix and "/", then a name of at most 63
 # characters, alphanumeric at both ends with "-", "_" and "." inside.
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_LABEL_MAX = 63
 DNS_SUBDOMAIN = rf"{DNS_LABEL}(\.{DNS_LABEL})*"
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 QUALIFIED_NAME = rf"^({DNS_SUBDOMAIN}/)?{_NAME}$"
@@ -29,7 +30,7 @@ SECRET_KEY = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 
 # apimachinery IsDNS1123Label (a namespace) and IsDNS1123Subdomain (an object's name), lengths included: for the
 # names the commands and the validation check before they reach the API server.
-NAMESPACE_NAME = re.compile(rf"(?=.{{1,63}}$){DNS_LABEL}")
+NAMESPACE_NAME = re.compile(rf"(?=.{{1,{DNS_LABEL_MAX}}}$){DNS_LABEL}")
 OBJECT_NAME = re.compile(rf"(?=.{{1,253}}$){DNS_SUBDOMAIN}")
 
 SECRET_KEY_HINT = "a Secret key: letters, digits, '-', '_' or '.' only, not '.' or '..' and not starting with '..'"

@@ -64,7 +64,7 @@ PROMETHEUS_URL = rf"^https?://{PROMETHEUS_NETLOC}(/[^\x00-\x20\x7f\\]*)?$"
 # Checked when a serving is made (a name never changes), so one that exists is never refused an update. The
 # prefix is what naming._prefix makes: a letter, then letters and digits with single dashes; 63 characters in all.
 OPERATOR_ROUTER_NAME = r"^[a-z]([a-z0-9]|-[a-z0-9])*--[a-z2-7]{8}-router$"
-ROUTER_NAME_MAX = 63
+ROUTER_NAME_MAX = kubevalues.DNS_LABEL_MAX
 ROUTER_NAME_MESSAGE = ("has the shape of the names the operator gives a serving's router objects "
                        "(<name>--<8 characters>-router): choose a name that does not end so")
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=rf"^{DNS_LABEL}$")]

@@ -17,8 +17,6 @@ from urllib.parse import urlsplit
 from flashserve.api.kubevalues import DNS_LABEL
 from flashserve.api.v1alpha1 import PROMETHEUS_NETLOC
 
-_SERVICE_LABEL = DNS_LABEL
-
 
 # What the host part may hold: a name or an IP literal, and a port. The HTTP client and urlsplit must agree on
 # the host, and they part ways over characters such as `\` (the client ends the host there, urlsplit does not:
@@ -92,7 +90,7 @@ class PrometheusAllowList:
 
 def _service_of(host: str, namespace: str) -> str | None:
     """The Service name when `host` names a Service of `namespace` (`<service>.<namespace>.svc[.cluster.local]`)."""
-    m = re.fullmatch(rf"({_SERVICE_LABEL})\.{re.escape(namespace)}\.svc(\.cluster\.local)?", host)
+    m = re.fullmatch(rf"({DNS_LABEL})\.{re.escape(namespace)}\.svc(\.cluster\.local)?", host)
     return m[1] if m else None
 
 

@@ -36,10 +36,9 @@ import base64
 import hashlib
 import re
 
-from flashserve.api.kubevalues import DNS_LABEL
+from flashserve.api.kubevalues import DNS_LABEL, DNS_LABEL_MAX
 
 STS_NAME_MAX = 52
-DNS_LABEL_MAX = 63
 HASH_LEN = 8
 GROUP_INDEX_MAX = 999  # spec.replicas <= 256
 
