@@ -326,8 +326,9 @@ def test_under_consistent_hash_the_operator_undoes_what_a_client_did_to_a_router
             with _LOCAL.open(req, timeout=30) as resp:
                 assert resp.status == 200
         t0 = time.monotonic()
-        tampered = set(_workers(base))
-        assert not tampered & {f"{victim}@{r}" for r in range(4)} and f"{stranger}@0" in tampered, tampered
+        # The list is not asserted tampered here: vllm-router's add_worker waits for the stranger's health, and a
+        # reconcile in that time may already have added the victim back (CI saw it once). The events below name
+        # both the pod added back and the stranger removed, which only a tampered list gives.
         wait_until(lambda: set(_workers(base)) == ours, 30, interval=0.2, what="the router's workers repaired")
         print(f"\n{serving}: a client's removal and addition were undone {time.monotonic() - t0:.1f}s later")
         mine = _event_messages(kubectl, namespace, "RouterWorkersRepaired", serving)
