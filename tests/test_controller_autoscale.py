@@ -3,9 +3,13 @@ Prometheus is a fake HTTP server on 127.0.0.1; the Kubernetes writes are recorde
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
+from kubernetes.client.rest import ApiException
 from flashserve.controller.autoscale import STATE_ANNOTATION
 
 from tests.builders import body_for, ready_observed
@@ -134,3 +138,94 @@ def test_the_learner_reads_the_start_ups_the_operator_recorded_in_status(prometh
     scaler._state(body).next_at = 0.0
     evaluate(scaler, body, ready_observed(2), kube)
     assert scaler._state(body).policy.startup.to_dict() == before
+
+
+def test_turning_autoscaling_off_forgets_what_it_asked_for_so_a_re_enable_keeps_the_users_count(events):
+    # the autoscaler had asked for 3; autoscaling is turned off and a human scales to 6, then on again while
+    # Prometheus is down: the human's 6 is where it starts, not an outside change to undo blind
+    scaler, kube = loopback_scaler(), RecordingKube()
+    body = body_for("http://127.0.0.1:9", replicas=6)
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps({"lastDesired": 3, "capacity": {}})}
+    body["spec"]["autoscaling"]["enabled"] = False
+    asyncio.run(scaler.paused(body, kube))
+    written = [c for c in kube.calls if c[0] == "annotate"]
+    assert written and "lastDesired" not in written[-1][2], "the annotation forgets it too (one write)"
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps(written[-1][2])}
+    asyncio.run(scaler.paused(body, kube))
+    assert len([c for c in kube.calls if c[0] == "annotate"]) == 1, "steady state writes nothing"
+    body["spec"]["autoscaling"]["enabled"] = True
+    _, scaled = evaluate(scaler, body, ready_observed(6), kube)
+    assert scaled is None and not [c for c in kube.calls if c[0] == "replicas"]
+
+
+def test_blind_an_outside_change_is_not_lowered(events):
+    # the autoscaler asked for 3 and someone scaled to 6 while Prometheus is unreachable: holding means 6
+    scaler, kube = loopback_scaler(), RecordingKube()
+    body = body_for("http://127.0.0.1:9", replicas=6)
+    body["metadata"]["annotations"] = {STATE_ANNOTATION: json.dumps({"lastDesired": 3})}
+    _, scaled = evaluate(scaler, body, ready_observed(6), kube)
+    assert scaled is None and not [c for c in kube.calls if c[0] == "replicas"]
+
+
+def test_a_write_that_lost_a_race_is_not_remembered_as_asked_for(prometheus, events):
+    url, fake = prometheus
+    fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
+    scaler = loopback_scaler()
+
+    class Conflicting(RecordingKube):
+        def patch_spec_replicas(self, namespace, name, replicas, resource_version):
+            raise ApiException(status=409)
+
+    body = body_for(url)
+    _, scaled = evaluate(scaler, body, ready_observed(2), Conflicting())
+    assert scaled is None
+    assert scaler._state(body).policy.last_desired is None, "2 is still the user's count, not an outside change"
+
+
+def test_an_advisory_shortfall_is_news_again_after_the_fleet_caught_up(prometheus, events):
+    url, fake = prometheus
+    fake.values.update(running=900.0, running_avg=900.0, tpot_at_percentile=0.020, tpot_p50=0.015)
+    scaler, kube = loopback_scaler(), RecordingKube()
+    body = body_for(url, mode="Advisory")
+    evaluate(scaler, body, ready_observed(2), kube)
+    advised = [e for e in events if e["reason"] == "AdvisoryScale"]
+    assert len(advised) == 1
+    st = scaler._state(body)
+    want = st.decision.desired
+    st.next_at = 0.0
+    body = body_for(url, mode="Advisory", replicas=want)
+    evaluate(scaler, body, ready_observed(want), kube)  # a human took the advice (or load fell): no gap
+    assert st.decision.desired == st.decision.current
+    st.next_at, body = 0.0, body_for(url, mode="Advisory")
+    evaluate(scaler, body, ready_observed(2), kube)
+    assert len([e for e in events if e["reason"] == "AdvisoryScale"]) == 2
+
+
+def test_readings_the_policy_cannot_use_hold_instead_of_stopping_the_reconcile(prometheus, events, monkeypatch):
+    from flashserve.controller import autoscale
+
+    url, _ = prometheus
+    real = autoscale.decide
+
+    def fragile(inputs, state):
+        if inputs.metrics is not None:
+            raise OverflowError(34, "Numerical result out of range")
+        return real(inputs, state)
+
+    monkeypatch.setattr(autoscale, "decide", fragile)
+    conds, scaled = evaluate(loopback_scaler(), body_for(url), ready_observed(2), RecordingKube())
+    metrics = {c.type: c for c in conds}["MetricsAvailable"]
+    assert scaled is None and metrics.status == "False" and "OverflowError" in metrics.message
+
+
+def test_a_wall_clock_stepped_back_does_not_stop_evaluations(prometheus, events, monkeypatch):
+    from flashserve.controller import autoscale
+
+    url, fake = prometheus
+    scaler, body = loopback_scaler(), body_for(url)
+    evaluate(scaler, body, ready_observed(2), RecordingKube())
+    seen = len(fake.seen)
+    wall, tick = time.time(), scaler._state(body).next_at + 1.0
+    monkeypatch.setattr(autoscale, "time", SimpleNamespace(time=lambda: wall - 3600.0, monotonic=lambda: tick))
+    evaluate(scaler, body, ready_observed(2), RecordingKube())
+    assert len(fake.seen) > seen

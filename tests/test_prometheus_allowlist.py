@@ -43,6 +43,16 @@ def test_allow_entries_add_prefixes_and_host_patterns():
     assert PrometheusAllowList(own_namespace=False).refusal("http://p.ns.svc", "ns") is not None
 
 
+@pytest.mark.parametrize("path", ["/prom/team-a/../team-b", "/prom/team-a/%2e%2E/team-b", "/prom/team-a/./x",
+                                  "/prom/team-a/%2E"])  # fmt: skip
+def test_a_path_with_dot_segments_cannot_leave_an_allowed_prefix(path):
+    allow = PrometheusAllowList(entries=("https://mimir.example.com/prom/team-a",))
+    assert allow.refusal("https://mimir.example.com/prom/team-a/api", "ns") is None
+    why = allow.refusal(f"https://mimir.example.com{path}", "ns")
+    assert why is not None and ". or .. segments" in why
+    assert allow.refusal("https://mimir.example.com/prom/team-a/..x/.y", "ns") is None, "only whole segments"
+
+
 @pytest.mark.parametrize("url", [
     "http://169.254.169.254\\.monitoring.svc/",  # requests ends the host at the backslash: it would reach 169.254...
     "http://10.0.0.1\\@p.monitoring.svc/",

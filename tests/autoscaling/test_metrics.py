@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 from flashserve.autoscaling import metrics
 
-from tests.fakes import QUERIES, FakePrometheus
+from tests.fakes import CANNED, QUERIES, FakePrometheus
 from tests.http_stub import serving
 
 
@@ -120,3 +120,68 @@ def test_async_wrapper_keeps_the_event_loop_free():
 
     with prometheus() as url:
         assert asyncio.run(ok(url)).running == 500.0
+
+
+class _Trickle(FakePrometheus):
+    """Answers 200 with a body sent a byte at a time, each within the socket timeout."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for byte in body:
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+            time.sleep(0.05)
+
+
+class _Huge(FakePrometheus):
+    """Answers 200 with a body of MAX_ANSWER_BYTES and more, chunked, as fast as it can."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+        try:
+            for _ in range(metrics.MAX_ANSWER_BYTES // 65536 + 4):
+                self.wfile.write(b" " * 65536)
+        except OSError:
+            pass  # the client stopped reading, as it should
+
+
+def test_a_trickling_answer_ends_at_the_deadline_not_per_read():
+    # each byte comes within the 0.2 s socket timeout, so only a wall-clock bound ends it: 3.5 s of body
+    with serving(_Trickle) as (url, _):
+        t0 = time.monotonic()
+        res = fetch(url, timeout_s=0.2)
+        elapsed = time.monotonic() - t0
+    assert res.snapshot is None and "Unreachable (no answers within 0.4s)" in res.error
+    assert elapsed < 1.5
+
+
+def test_an_answer_over_the_cap_is_refused_unread():
+    with serving(_Huge) as (url, _):
+        res = fetch(url)
+    assert res.snapshot is None and "BadResponse (an answer over 1 MiB)" in res.error
+
+
+def test_an_absurd_reading_is_missing_not_a_number_the_policy_overflows_on():
+    handler = type("Handler", (FakePrometheus,), {"values": dict(CANNED, running=1e200), "seen": []})
+    with serving(handler) as (url, _):
+        res = fetch(url)
+    assert res.snapshot is not None and res.snapshot.running is None
+
+
+def test_fetches_run_on_their_own_pool_so_a_slow_prometheus_keeps_the_default_pool_free():
+    async def main(url: str) -> float:
+        fetches = [asyncio.create_task(metrics.fetch_async(url, "team-a", "flash", 60, 90, timeout_s=0.5))
+                   for _ in range(12)]  # fmt: skip
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await asyncio.to_thread(lambda: None)  # what the operator's writes use
+        waited = time.monotonic() - t0
+        await asyncio.gather(*fetches)
+        return waited
+
+    with prometheus("hang") as url:
+        assert asyncio.run(main(url)) < 0.3

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from flashserve.api.kubevalues import DNS_LABEL
 from flashserve.api.v1alpha1 import PROMETHEUS_NETLOC
@@ -61,6 +61,8 @@ class PrometheusAllowList:
         origin = _origin(url)
         if origin is None:
             return "not an http(s) URL of a host name or IP address, an optional port and a path (no user@, no \\)"
+        if _dot_segments(url):
+            return "a path with . or .. segments (the server may resolve them out of an allowed prefix): write it out"
         if self._is_operators(origin) or (self.own_namespace and _service_of(origin[1], namespace)):
             return None
         if self._listed(origin, url):
@@ -92,6 +94,12 @@ def _service_of(host: str, namespace: str) -> str | None:
     """The Service name when `host` names a Service of `namespace` (`<service>.<namespace>.svc[.cluster.local]`)."""
     m = re.fullmatch(rf"({DNS_LABEL})\.{re.escape(namespace)}\.svc(\.cluster\.local)?", host)
     return m[1] if m else None
+
+
+def _dot_segments(url: str) -> bool:
+    """Whether the path holds a `.` or `..` segment, written out or percent-encoded: a client or server that
+    resolves them leaves the path a --prometheus-allow prefix was checked against."""
+    return any(unquote(seg) in (".", "..") for seg in urlsplit(url).path.split("/"))
 
 
 def _under(path: str, prefix: str) -> bool:

@@ -8,6 +8,12 @@ The reason is a class (Unreachable, HTTPError <code>, BadResponse), never the en
 exception text: the URL may be a serving's own, and what an arbitrary endpoint answers must not be read back
 through the serving's status. Redirects are not followed, for the same reason (allowlist.py checks the URL
 the serving gives, not where a redirect would lead).
+
+Every answer is read within the evaluation's wall-clock deadline and up to MAX_ANSWER_BYTES: requests'
+timeout bounds each socket read, not the whole answer, so an endpoint that sends a byte a second, or
+gigabytes, would otherwise hold a worker thread as long as it likes or exhaust the operator's memory, and
+the endpoint may be a serving's own. The fetches run on a pool of their own (FETCH_THREADS), so a slow
+Prometheus never delays the operator's writes, which use asyncio's default pool.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import math
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import requests
@@ -37,6 +44,57 @@ MAX_TOKENS_PER_STEP = 9.0
 # a handful of observations is their slowest one): the per-step reading, which has ~100 observations per
 # request, stands in.
 MIN_FINISHED_REQUESTS = 20.0
+# An instant query of one aggregated sample answers in well under a kilobyte.
+MAX_ANSWER_BYTES = 1 << 20
+# A reading this large is no count, rate or latency an engine reports: treated as missing, so that one
+# absurd series cannot overflow the policy's arithmetic.
+MAX_READING = 1e12
+FETCH_THREADS = 16
+_pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="prometheus-fetch")
+
+
+class AnswerTooSlow(requests.Timeout):
+    """The answers did not all arrive within the evaluation's deadline."""
+
+
+class AnswerTooLarge(requests.RequestException):
+    """An answer longer than MAX_ANSWER_BYTES."""
+
+
+class _BoundedSession(requests.Session):
+    """A session whose every answer is read whole before `deadline` (time.monotonic()) and up to `max_bytes`."""
+
+    def __init__(self, deadline: float, max_bytes: int = MAX_ANSWER_BYTES):
+        super().__init__()
+        self.deadline, self.max_bytes = deadline, max_bytes
+        self.max_redirects = 0
+        self.trust_env = False  # no proxy from the environment: the request goes where the allow-list said
+
+    def request(self, method, url, *args, **kwargs):  # type: ignore[override]
+        kwargs["stream"] = True
+        response = super().request(method, url, *args, **kwargs)
+        try:
+            response._content = read_bounded(response.raw, self.deadline, self.max_bytes)
+        finally:
+            response.close()
+        return response
+
+
+def read_bounded(raw, deadline: float, max_bytes: int) -> bytes:
+    """The body of a streamed urllib3 response, or AnswerTooSlow / AnswerTooLarge. read1 returns whatever has
+    arrived (at most one socket timeout's wait), so the deadline is checked between trickles too."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise AnswerTooSlow()
+        chunk = raw.read1(64 * 1024, decode_content=True)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            raise AnswerTooLarge()
+        chunks.append(chunk)
 
 
 @dataclass(frozen=True)
@@ -60,12 +118,9 @@ def fetch(
     queries = Queries(namespace, serving, window_s, percentile)
     # One attempt per query: the next evaluation is the retry, and a hung Prometheus must not hold the
     # evaluation for minutes.
-    session = requests.Session()
-    session.max_redirects = 0
-    session.trust_env = False  # no proxy from the environment: the request goes where the allow-list said
-    prom = PrometheusConnect(url=url.rstrip("/"), retry=Retry(total=0, raise_on_status=False), timeout=timeout_s,
-                             session=session)  # fmt: skip
     deadline = time.monotonic() + 2 * timeout_s
+    prom = PrometheusConnect(url=url.rstrip("/"), retry=Retry(total=0, raise_on_status=False), timeout=timeout_s,
+                             session=_BoundedSession(deadline))  # fmt: skip
     values: dict[str, float | None] = {}
     try:
         for name, query in queries.all().items():
@@ -155,7 +210,8 @@ def fetch_snapshot(
 async def fetch_async(
     url: str, namespace: str, serving: str, window_s: float = 60.0, percentile: float = 90.0, **kw: float
 ) -> FetchResult:
-    return await asyncio.to_thread(fetch, url, namespace, serving, window_s, percentile, **kw)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool, lambda: fetch(url, namespace, serving, window_s, percentile, **kw))
 
 
 async def fetch_snapshot_async(
@@ -165,15 +221,15 @@ async def fetch_snapshot_async(
 
 
 def _scalar(result: object) -> float | None:
-    """The value of a one-sample instant vector; None for no sample or NaN/Inf (e.g. a quantile of an
-    empty histogram, or a division by zero)."""
+    """The value of a one-sample instant vector; None for no sample, NaN/Inf (e.g. a quantile of an
+    empty histogram, or a division by zero) or beyond MAX_READING."""
     if not isinstance(result, list) or not result:
         return None
     try:
         value = float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) and abs(value) <= MAX_READING else None
 
 
 def _fail(serving: str, reason: str) -> FetchResult:
@@ -183,6 +239,10 @@ def _fail(serving: str, reason: str) -> FetchResult:
 
 def classify(exc: BaseException, timeout_s: float) -> str:
     """Unreachable, HTTPError <code> or BadResponse: what went wrong, without anything the endpoint said."""
+    if isinstance(exc, AnswerTooSlow):
+        return f"Unreachable (no answers within {2 * timeout_s:g}s)"
+    if isinstance(exc, AnswerTooLarge):
+        return f"BadResponse (an answer over {MAX_ANSWER_BYTES >> 20} MiB)"
     if isinstance(exc, requests.TooManyRedirects):
         code = getattr(exc.response, "status_code", None)
         return f"HTTPError {code} (redirects are not followed)" if code else "BadResponse"

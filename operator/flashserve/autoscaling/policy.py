@@ -499,13 +499,14 @@ def decide(inputs: PolicyInputs, state: PolicyState) -> Decision:
     nxt = replace(state, ready=reps.ready, ready_changed_at=ready_changed_at)
     m = inputs.metrics if metrics_ok else None
     if m is None or reps.ready <= 0:
-        out = _blind(cfg, base, nxt, HOLD_NO_READY if m is not None else _hold_reason(metrics_reason),
+        # Blind, an outside change is undone only upward: lowering a fleet nothing can be read from is no hold.
+        out = _blind(cfg, max(base, current), nxt, HOLD_NO_READY if m is not None else _hold_reason(metrics_reason),
                      metrics_msg if m is None else "no replica is ready yet: demand cannot be read from the engines")  # fmt: skip
     else:
         out = decide_on_metrics(cfg, now, reps, base, m, nxt, now - ready_changed_at)
 
     target, reason, message = _bounds(cfg, base, out.target, out.reason, out.message)
-    if outside:
+    if outside and target != current:
         message += f" (spec.replicas {current} was set outside the autoscaler; it owns spec.replicas)"
     nxt = out.state
     if active:

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -54,7 +54,9 @@ log = logging.getLogger(__name__)
 class _ServingState:
     policy: PolicyState
     next_at: float = 0.0
+    """time.monotonic() of the next evaluation: a wall clock stepped back must not stop evaluations."""
     persisted_at: float = 0.0
+    """time.monotonic() of the last state annotation write."""
     decision: Decision | None = None
     conditions: list[Cond] = field(default_factory=list)
     last_scaling: dict | None = None
@@ -121,7 +123,7 @@ class Autoscaler:
         auto = (body.get("spec") or {}).get("autoscaling") or {}
         if not auto.get("enabled"):
             return float("inf")
-        return max(0.5, (st.next_at - time.time()) if st else 0.5)
+        return max(0.5, (st.next_at - time.monotonic()) if st else 0.5)
 
     def _state(self, body: dict) -> _ServingState:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -132,7 +134,7 @@ class Autoscaler:
             except (ValueError, TypeError, OverflowError, RecursionError):
                 # A hand-edited annotation (e.g. a number too big for a float) must not break every reconcile.
                 policy = PolicyState()
-            self.servings[key] = _ServingState(policy, persisted_at=time.time())
+            self.servings[key] = _ServingState(policy, persisted_at=time.monotonic())
         return self.servings[key]
 
     def config(self, obj: DeepSeekServing) -> PolicyConfig:
@@ -143,11 +145,11 @@ class Autoscaler:
     ) -> tuple[list[Cond], int | None]:
         """Conditions to report, and the replica count to act on now (None: unchanged)."""
         st = self._state(body)
-        now = time.time()
-        if now < st.next_at:
+        now, tick = time.time(), time.monotonic()
+        if tick < st.next_at:
             return st.conditions, None
         cfg = self.config(obj)
-        st.next_at = now + cfg.evaluation_interval_s
+        st.next_at = tick + cfg.evaluation_interval_s
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         url = obj.spec.autoscaling.prometheus_url or self.default_prometheus_url
@@ -165,19 +167,27 @@ class Autoscaler:
             snapshot, error = res.snapshot, res.error
         else:
             snapshot, error = None, "no Prometheus: set spec.autoscaling.prometheusUrl or the operator's --prometheus-url"
-        d = decide(PolicyInputs(now, snapshot, counts, cfg, error, startups=startup_samples(body)), st.policy)
+        startups = startup_samples(body)
+        try:
+            d = decide(PolicyInputs(now, snapshot, counts, cfg, error, startups=startups), st.policy)
+        except Exception as exc:  # noqa: BLE001 - readings the policy cannot use are missing readings
+            log.exception("%s/%s: the policy failed on these readings; holding", namespace, name)
+            error = f"the policy could not use these readings ({type(exc).__name__}); holding"
+            d = decide(PolicyInputs(now, None, counts, cfg, error, startups=startups), st.policy)
         if st.decision is None or (st.decision.reason, st.decision.desired) != (d.reason, d.desired):
             # Why it holds is as much an answer as why it scaled: logged when the reason changes, not per
             # evaluation (the module logger: kopf's per-object one would post an Event for each).
             log.info("%s/%s: %s (%d -> %d): %s", namespace, name, d.reason, d.current, d.desired, d.message)
         log.debug("%s/%s: %s (%d -> %d): %s; readings %s", namespace, name, d.reason, d.current, d.desired, d.message,
                   d.readings)
-        st.policy, st.decision = d.state, d
+        # What it asked for stands only once written: a write that failed must not make spec.replicas look like
+        # an outside change at the next evaluation.
+        st.policy, st.decision = replace(d.state, last_desired=st.policy.last_desired) if d.apply else d.state, d
         st.conditions = list(d.conditions)
         self.decisions[(namespace, name, d.reason)] += 1
 
         scaled = None
-        persist = now - st.persisted_at >= PERSIST_EVERY_S
+        persist = tick - st.persisted_at >= PERSIST_EVERY_S
         if d.apply and obj.spec.autoscaling.mode == "Active":
             try:
                 await asyncio.to_thread(kube.patch_spec_replicas, namespace, name, d.desired, meta.get("resourceVersion"))
@@ -185,8 +195,9 @@ class Autoscaler:
                 if exc.status != 409:
                     raise
                 logger.info("spec.replicas changed concurrently; deciding again next evaluation")
-                st.next_at = now + 1.0
+                st.next_at = tick + 1.0
                 return st.conditions, None
+            st.policy = d.state
             scaled = d.desired
             persist = True
             st.last_scaling = {"time": now_iso(), "from": d.current, "to": d.desired, "reason": d.reason}
@@ -197,10 +208,32 @@ class Autoscaler:
             st.advised = d.desired
             kopf.event(body, type="Normal", reason="AdvisoryScale",
                        message=f"would scale {d.current} -> {d.desired} replicas: {d.reason}: {d.message}")  # fmt: skip
+        if d.desired == d.current:
+            st.advised = None  # the advice was taken or is void: the next shortfall is news again
         if persist:
-            st.persisted_at = now
+            st.persisted_at = tick
             await asyncio.to_thread(kube.annotate, namespace, name, STATE_ANNOTATION, json.dumps(d.state.to_dict(), separators=(",", ":")))
         return st.conditions, scaled
+
+    async def paused(self, body: dict, kube: Kube) -> None:
+        """Autoscaling is off: spec.replicas is the user's, so what the autoscaler last asked for no longer
+        stands. Forgotten here and in the annotation (one write), so that turning it back on starts from
+        spec.replicas as set, instead of taking the user's count for an outside change to undo. What it
+        learned (capacity, start-up time) is kept."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        st = self.servings.pop(key, None)
+        raw = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
+        policy = st.policy if st else None
+        if policy is None and raw:
+            try:
+                policy = PolicyState.from_dict(json.loads(raw))
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                return
+        if policy is None or policy.last_desired is None:
+            return
+        cleared = json.dumps(replace(policy, last_desired=None).to_dict(), separators=(",", ":"))
+        await asyncio.to_thread(kube.annotate, key[0], key[1], STATE_ANNOTATION, cleared)
 
     def status_fields(self, body: dict) -> dict:
         st = self._state(body)

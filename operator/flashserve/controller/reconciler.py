@@ -544,6 +544,8 @@ class Controller:
             extra_conds, scaled = await self.autoscaler.evaluate(body, obj, mine, self.kube, logger)
             if scaled is not None:
                 obj.spec.replicas = scaled  # act on the new count now; the watch brings the same value back
+        elif self.autoscaler is not None:
+            await self.autoscaler.paused(body, self.kube)
 
         mine.now = time.time()
         probe = self._probe(mine, spec.engine.port)
