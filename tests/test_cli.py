@@ -226,3 +226,17 @@ def test_names_and_labels_that_yaml_did_not_read_as_strings_say_how_to_quote_the
     err = _errors_of(tmp_path, capsys, GOOD.replace("{name: flash}", "{name: 1e3, labels: {canary: yes}}"))
     assert "metadata.name: must be a string, not a number: quote it" in err, err
     assert "metadata.labels['canary']: must be a string, not a boolean (YAML reads yes" in err, err
+
+
+def test_output_that_cannot_be_written_is_one_line_and_exit_2():
+    for argv in (["crd"], ["render", "-f", str(ROOT / "manifests" / "samples" / "gb200-minimal.yaml")]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "flashserve.cli", *argv], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == "error: cannot write the output: No space left on device"
+    reader = subprocess.Popen([sys.executable, "-m", "flashserve.cli", "crd"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert reader.stdout.readline().startswith("apiVersion:")
+    reader.stdout.close()  # `| head -1`
+    assert reader.wait(timeout=60) == 0 and "Traceback" not in reader.stderr.read()

@@ -88,6 +88,22 @@ def test_without_a_gate_metrics_are_open(registry):
         server.shutdown()
 
 
+def test_an_ipv6_address_is_served(registry):
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        server = serve("::1", 0, registry)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    try:
+        assert server.socket.family == socket.AF_INET6
+        assert _get(f"http://[::1]:{server.server_address[1]}/metrics")[0] == 200
+    finally:
+        server.shutdown()
+
+
 def test_tls_scrapes_are_served_and_a_silent_client_holds_up_no_other(registry, tmp_path):
     """With a certificate the endpoint speaks only TLS, and each connection's handshake runs in its own thread:
     a client that connects and never speaks (a port scan, a stalled scraper) must not keep Prometheus out."""

@@ -240,12 +240,30 @@ def test_in_a_pod_it_uses_the_service_account_as_the_operator_does(monkeypatch, 
     assert cmd._connect(None) == "flashserve-system" and loaded == ["in-cluster"]
 
 
+def test_an_api_server_that_accepts_and_never_answers_is_named_not_waited_for(tmp_path, capsys, monkeypatch):
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepted by the kernel, never answered
+    monkeypatch.setattr(cmd, "READ_TIMEOUT_S", 0.5)
+    try:
+        t0 = time.monotonic()
+        code = cmd.main(["--kubeconfig", _kubeconfig(tmp_path, f"http://127.0.0.1:{listener.getsockname()[1]}")])
+        elapsed = time.monotonic() - t0
+    finally:
+        listener.close()
+    assert code == 1 and elapsed < 5
+    assert "cannot reach the API server" in capsys.readouterr().err
+
+
 def test_an_unreadable_kubeconfig_is_one_clear_error(tmp_path, capsys):
     for text in ("- a list\n", "{not yaml", "apiVersion: v1\nkind: Config\ncurrent-context: none\n"):
         (tmp_path / "kc").write_text(text)
         assert cmd.main(["--kubeconfig", str(tmp_path / "kc")]) == 1
         err = capsys.readouterr().err
-        assert err.startswith("error: no usable kubeconfig:") and "Traceback" not in err, err
+        assert err.startswith(f"error: no usable kubeconfig at {tmp_path / 'kc'}:") and "Traceback" not in err, err
 
 
 def test_an_unknown_condition_keeps_its_columns():

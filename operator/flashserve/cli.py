@@ -58,7 +58,46 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     target, _ = found[name]
     module, func = target.split(":")
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    stdout = sys.stdout
+    sys.stdout = _Output(stdout)
+    try:
+        code = int(getattr(importlib.import_module(module), func)(rest) or 0)
+        sys.stdout.flush()
+        sys.stdout = stdout
+    except _OutputFailed as failed:
+        sys.stdout = None  # type: ignore[assignment]  # no second failure when Python flushes it at exit
+        if isinstance(failed.__cause__, BrokenPipeError):
+            return 0  # `flashserve render ... | head`: the reader has what it wanted
+        print(f"error: cannot write the output: {failed.__cause__.strerror or failed.__cause__}", file=sys.stderr)
+        return 2
+    return code
+
+
+class _OutputFailed(Exception):
+    """Standard output could not be written (a full disk, a closed pipe): the command's output, not its work,
+    failed, so it is reported in one line instead of a traceback."""
+
+
+class _Output:
+    """sys.stdout, with its write errors told apart from every other OSError a command may meet."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise _OutputFailed() from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise _OutputFailed() from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":

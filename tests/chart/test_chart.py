@@ -672,6 +672,10 @@ def test_chart_metadata_and_notes(helm):
     assert values["image"]["repository"] == "ghcr.io/flashserve/flashserve-operator"
     notes = (CHART / "templates" / "NOTES.txt").read_text()
     assert "kind: DeepSeekServing" in notes and "helm show crds" in notes
+    # the Lease exists only with leader election: NOTES name it only then
+    lease_lines = [i for i, line in enumerate(notes.splitlines()) if re.search(r"\b[Ll]ease\b", line)]
+    guarded = [i for i, line in enumerate(notes.splitlines()) if "if .Values.operator.leaderElection.enabled" in line]
+    assert lease_lines and all(any(0 < i - g <= 1 for g in guarded) for i in lease_lines)
 
 
 def test_dockerfile_shape():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 
@@ -27,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="servings of every namespace")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text",
                    help="json: the status as the API server holds it")  # fmt: skip
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG; in a pod, its service account; else ~/.kube/config)")
     return p
 
 
@@ -192,6 +193,7 @@ class StatusError(Exception):
 
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10.0, 30.0
 
 
 def _connect(kubeconfig: str | None) -> str | None:
@@ -206,7 +208,8 @@ def _connect(kubeconfig: str | None) -> str | None:
             config.load_kube_config(config_file=kubeconfig)
             _, context = config.list_kube_config_contexts(config_file=kubeconfig)
         except Exception as exc:  # noqa: BLE001 - a kubeconfig unreadable in any way is one error to the user
-            raise StatusError(f"no usable kubeconfig: {safe(exc)[:300]}", 1) from None
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise StatusError(f"no usable kubeconfig at {safe(where)[:200]}: {safe(exc)[:300]}", 1) from None
         namespace = ((context or {}).get("context") or {}).get("namespace")
         return namespace if isinstance(namespace, str) else None
     try:
@@ -236,13 +239,16 @@ def _read(args: argparse.Namespace) -> tuple[list[dict] | dict, str]:
         asked = f"list {PLURAL}.{GROUP} in all namespaces (a cluster-wide permission)"
     else:
         asked = f"list {PLURAL}.{GROUP} in namespace {namespace!r}"
+    # An API server that accepts the connection and never answers must not hang the command.
+    timeout = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
     try:
         if args.name:
-            found = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name)
+            found = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name,
+                                                     _request_timeout=timeout)  # fmt: skip
         elif args.all_namespaces:
-            found = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            found = api.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=timeout)
         else:
-            found = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            found = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _request_timeout=timeout)
     except ApiException as exc:
         reason = f"{exc.status} {safe(exc.reason)}"
         if exc.status == 404 and _names_the_object(exc.body, args.name):

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
+import ssl
 import sys
+from urllib.parse import urlsplit
 
 import kopf
 from kubernetes import client
@@ -41,15 +44,66 @@ def _networks(text: str) -> tuple:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive(kind: type, env_name: str | None = None):
+    def check(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            also = f" (also read from ${env_name})" if env_name else ""
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {kind.__name__}{also}")
+        return value
+
+    return check
+
+
+def split_address(text: str) -> tuple[str, int]:
+    """host:port or [IPv6]:port as (host, port); ValueError names what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is not host:port with a port of 0-65535 (IPv6: [::]:8082)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, e.g. [::]:8082")
+    return host, int(port)
+
+
+def _address(text: str) -> str:
+    if text:
+        try:
+            split_address(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _liveness(text: str) -> str:
+    if text:
+        try:
+            parts = urlsplit(text)
+            port = parts.port
+        except ValueError:
+            parts, port = None, None
+        if parts is None or parts.scheme != "http" or not parts.hostname or port is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not http://host:port/path (IPv6: http://[::]:8081/healthz)")
+    return text
+
+
+
+
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="flashserve run", description=__doc__)
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: $KUBECONFIG; in a pod, its service account; else ~/.kube/config)")
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=None,
                        help="watch only this namespace (repeatable); default: all namespaces")  # fmt: skip
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (the default)")
-    p.add_argument("--resync-seconds", type=float, default=float(env("FLASHSERVE_RESYNC_SECONDS", "30")),
+    p.add_argument("--resync-seconds", type=_positive(float, "FLASHSERVE_RESYNC_SECONDS"),
+                   default=env("FLASHSERVE_RESYNC_SECONDS", "30"),
                    help="reconcile every serving at least this often (default 30)")  # fmt: skip
     p.add_argument("--prometheus-url", default=env("FLASHSERVE_PROMETHEUS_URL"),
                    help="Prometheus for autoscaling when a serving does not name one")  # fmt: skip
@@ -66,26 +120,30 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated CIDRs of the pod IPs the operator may ask for their load while their group "
                    "drains (GET /metrics on the engine port); default: any pod IP of a serving's own StatefulSets. "
                    "The local cluster sets its loopback pod range")  # fmt: skip
-    p.add_argument("--liveness", default=env("FLASHSERVE_LIVENESS", "http://127.0.0.1:8081/healthz"),
+    p.add_argument("--liveness", type=_liveness, default=env("FLASHSERVE_LIVENESS", "http://127.0.0.1:8081/healthz"),
                    help="liveness endpoint URL to serve (empty to disable)")  # fmt: skip
-    p.add_argument("--metrics-address", default=env("FLASHSERVE_METRICS_ADDRESS", "127.0.0.1:8082"),
-                   help="host:port of the operator's own Prometheus metrics (empty to disable)")  # fmt: skip
+    p.add_argument("--metrics-address", type=_address, default=env("FLASHSERVE_METRICS_ADDRESS", "127.0.0.1:8082"),
+                   help="host:port of the operator's own Prometheus metrics, [::]:port for IPv6 and IPv4 "
+                   "(empty to disable)")  # fmt: skip
     p.add_argument("--metrics-auth", choices=("none", "token"), default=env("FLASHSERVE_METRICS_AUTH", "none"),
                    help="token: a scrape must carry a bearer token that a TokenReview accepts and that may `get` "
                         "the non-resource URL /metrics (SubjectAccessReview)")  # fmt: skip
     p.add_argument("--metrics-cert-file", default=env("FLASHSERVE_METRICS_CERT_FILE"),
                    help="serve metrics over TLS with this certificate (PEM); with --metrics-key-file")
-    p.add_argument("--metrics-key-file", default=env("FLASHSERVE_METRICS_KEY_FILE"))
+    p.add_argument("--metrics-key-file", default=env("FLASHSERVE_METRICS_KEY_FILE"),
+                   help="the private key (PEM) of --metrics-cert-file")
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
                    help="hold a Lease so only one replica acts (default on)")  # fmt: skip
-    p.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "default"))
+    p.add_argument("--lease-namespace", default=env("POD_NAMESPACE", "default"),
+                   help="namespace of the leader Lease (default $POD_NAMESPACE, else default)")
     p.add_argument("--operator-namespace", default=env("POD_NAMESPACE", OPERATOR_NAMESPACE),
                    help="namespace of the operator's pods, which the engines' NetworkPolicy lets reach their API "
                    f"port (/metrics, read while draining); default $POD_NAMESPACE, else {OPERATOR_NAMESPACE}")  # fmt: skip
-    p.add_argument("--lease-name", default="flashserve-operator")
-    p.add_argument("--watch-timeout", type=int, default=int(env("FLASHSERVE_WATCH_TIMEOUT", "300")),
+    p.add_argument("--lease-name", default="flashserve-operator", help="name of the leader Lease")
+    p.add_argument("--watch-timeout", type=_positive(int, "FLASHSERVE_WATCH_TIMEOUT"),
+                   default=env("FLASHSERVE_WATCH_TIMEOUT", "300"),
                    help="server-side watch timeout in seconds; the client gives up 30 s later")  # fmt: skip
-    p.add_argument("--watch-client-timeout", type=int, default=None,
+    p.add_argument("--watch-client-timeout", type=_positive(int), default=None,
                    help="client-side watch timeout: a watch silent this long is dropped and re-established "
                    "(default: --watch-timeout + 30)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true")
@@ -145,8 +203,8 @@ async def _run(args: argparse.Namespace) -> int:
             from flashserve.controller.metrics_auth import Gate, KubeReviewer
 
             gate = Gate(KubeReviewer(_api_client(args.kubeconfig)))
-        host, _, port = args.metrics_address.rpartition(":")
-        serve_metrics(host or "127.0.0.1", int(port), controller, gate=gate, certfile=args.metrics_cert_file,
+        host, port = split_address(args.metrics_address)
+        serve_metrics(host or "127.0.0.1", port, controller, gate=gate, certfile=args.metrics_cert_file,
                       keyfile=args.metrics_key_file)
 
     @kopf.on.startup()
@@ -215,8 +273,33 @@ async def _standby_liveness(url: str):
     return runner
 
 
+def preflight(args: argparse.Namespace) -> str | None:
+    """What keeps the operator from starting, found before it starts, else None."""
+    for flag, path in (("--kubeconfig", args.kubeconfig), ("--metrics-cert-file", args.metrics_cert_file),
+                       ("--metrics-key-file", args.metrics_key_file)):  # fmt: skip
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            return f"{flag} {path}: no such readable file"
+    if bool(args.metrics_cert_file) != bool(args.metrics_key_file):
+        return "--metrics-cert-file and --metrics-key-file go together"
+    if args.metrics_cert_file:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(args.metrics_cert_file, args.metrics_key_file)
+        except (ssl.SSLError, OSError) as exc:
+            return f"--metrics-cert-file/--metrics-key-file: not a PEM certificate and its key ({exc})"
+    try:
+        kubeconfig_loader.load(args.kubeconfig)
+    except Exception as exc:  # noqa: BLE001 - the kubernetes client raises several kinds for one cause
+        where = args.kubeconfig or os.environ.get("KUBECONFIG") or "the service account or ~/.kube/config"
+        return f"cannot load a kubeconfig from {where}: {exc}"
+    return None
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    problem = preflight(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

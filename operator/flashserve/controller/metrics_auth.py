@@ -10,6 +10,7 @@ working within that time.
 from __future__ import annotations
 
 import hashlib
+import socket
 import ssl
 import sys
 import threading
@@ -186,6 +187,18 @@ class _Server(ThreadingMixIn, WSGIServer):
             conn.close()
 
 
+class _Server6(_Server):
+    """An IPv6 address; `::` takes IPv4 too (one socket for both families), so the kubelet and Prometheus
+    reach it over whichever family the pod's address has."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self):
+        if self.server_address[0] == "::":
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 class _QuietHandler(WSGIRequestHandler):
     timeout = CONNECTION_TIMEOUT_S  # a client that stops sending is dropped, not waited for
 
@@ -197,7 +210,8 @@ def serve(host: str, port: int, registry: CollectorRegistry, gate: Gate | None =
           certfile: str | None = None, keyfile: str | None = None) -> WSGIServer:
     """Serve /metrics on host:port in a daemon thread; TLS when a certificate is given. Returns the server
     (its `server_address` has the bound port when `port` is 0)."""
-    server = make_server(host, port, guarded_app(registry, gate), server_class=_Server, handler_class=_QuietHandler)
+    server_class = _Server6 if ":" in host else _Server
+    server = make_server(host, port, guarded_app(registry, gate), server_class=server_class, handler_class=_QuietHandler)
     if certfile:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
