@@ -61,6 +61,14 @@ def test_sessions_without_timestamps_start_apart(tmp_path):
     assert [s.start_ms for s in tr.sessions] == [0.0, 250.0]
 
 
+def test_a_byte_order_mark_is_not_content(tmp_path):
+    for gz in (False, True):
+        path = tmp_path / f"bom{gz}.jsonl"
+        text = "\ufeff" + "".join(json.dumps(r) + "\n" for r in AIPERF)
+        path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+        assert traces.read(path).requests == 4
+
+
 @pytest.mark.parametrize(
     "rows, message",
     [
@@ -73,6 +81,14 @@ def test_sessions_without_timestamps_start_apart(tmp_path):
         ([{"session_id": "a", "text_input": "hi", "output_length": 1}], r"`text_input` traces are not replayed"),
         ([{"session_id": "", "input_length": 1, "output_length": 1}], r"`session_id` must be a non-empty string"),
         ([{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": "abc"}], r"`hash_ids` must be a list"),
+        ([{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": False}], r"`hash_ids` must be a list"),
+        ([{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": {}}], r"`hash_ids` must be a list"),
+        ([{"session_id": 1, "input_length": 1, "output_length": 1},
+          {"session_id": "1", "input_length": 1, "output_length": 1}],
+         r"t.jsonl:2: `session_id` '1' is written both as a number and as a string"),
+        ([{"session_id": "a", "timestamp": 500, "input_length": 1, "output_length": 1},
+          {"session_id": "a", "timestamp": 100, "input_length": 1, "output_length": 1}],
+         r"t.jsonl:2: `timestamp` 100 is before an earlier turn of session 'a'"),
     ],
 )
 def test_bad_lines_name_the_line_and_key(tmp_path, rows, message):

@@ -91,12 +91,12 @@ class Trace:
 
 
 def open_text(path: str | Path) -> io.TextIOBase:
-    """The file as text, gunzipped when its first bytes are gzip's magic number."""
+    """The file as text, gunzipped when its first bytes are gzip's magic number, without a byte-order mark."""
     with open(path, "rb") as fh:
         magic = fh.read(2)
     if magic == GZIP_MAGIC:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")  # a byte-order mark, as some editors write, is not content
 
 
 def _shown(value) -> str:
@@ -133,7 +133,8 @@ def _turn(doc: dict, where: str) -> Turn:
         raise TraceError(f"{where}: a trace line needs `input_length` (prompt tokens)")
     if "output_length" not in doc:
         raise TraceError(f"{where}: a trace line needs `output_length` (answer tokens)")
-    ids = doc.get("hash_ids") or []
+    ids = doc.get("hash_ids")
+    ids = [] if ids is None else ids
     if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
         raise TraceError(f"{where}: `hash_ids` must be a list of integers")
     return Turn(input_length=_int(doc, "input_length", where, 1), output_length=_int(doc, "output_length", where, 1),
@@ -194,6 +195,7 @@ def parse(docs: list[tuple[int, dict]], source: str = "<trace>", untimed_gap_ms:
         sessions = [Session(s.id, s.start_ms - t0, tuple(_shift(t, t0) for t in s.turns)) for s in sessions]
     else:
         by_id: dict[str, list[Turn]] = {}
+        kinds: dict[str, type] = {}
         for n, doc in docs:
             where = f"{source}:{n}"
             sid = doc.get("session_id")
@@ -201,8 +203,15 @@ def parse(docs: list[tuple[int, dict]], source: str = "<trace>", untimed_gap_ms:
                 sid = f"line-{n}"  # aiperf: a line without a session is a conversation of its own
             elif not isinstance(sid, (str, int)) or isinstance(sid, bool) or str(sid) == "":
                 raise TraceError(f"{where}: `session_id` must be a non-empty string, got {sid!r}")
+            if kinds.setdefault(str(sid), type(sid)) is not type(sid):
+                raise TraceError(f"{where}: `session_id` {sid!r} is written both as a number and as a string in "
+                                 "this trace: write every session's id one way")  # fmt: skip
             turn = _turn(doc, where)
             turns = by_id.setdefault(str(sid), [])
+            last = next((t.at_ms for t in reversed(turns) if t.at_ms is not None), None)
+            if turn.at_ms is not None and last is not None and turn.at_ms < last:
+                raise TraceError(f"{where}: `timestamp` {turn.at_ms:g} is before an earlier turn of session {sid!r} "
+                                 f"({last:g}): a session's turns come in order")  # fmt: skip
             lines.setdefault(str(sid), []).append(n)
             if not turns and turn.delay_ms is not None and turn.at_ms is None:
                 turn = Turn(turn.input_length, turn.output_length, turn.hash_ids, None, None)  # nothing to wait for

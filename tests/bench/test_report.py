@@ -147,3 +147,14 @@ def test_equal_attainment_between_two_sets_of_sweeps():
     ((t, ca, cb),) = row["at"]  # both defaults at 0.90: one target
     assert t == 0.9 and cb / ca == pytest.approx(0.5)
     assert report.equal_attainment_between(a, [replace(r, policy="hpa") for r in b]) == []  # no flashserve in B
+
+
+def test_refused_requests_get_a_column_only_when_there_are_some():
+    served = [_run("flashserve", s, 0.99, 10.0) for s in (1, 2, 3)]
+    assert "refused" not in report.text_table(report.records(served))
+    refused = [replace(r, refused=25) for r in served]
+    recs = report.records(refused)
+    assert recs[0]["refused"] == 25
+    text = report.text_table(recs)
+    assert text.splitlines()[0].split()[-1] == "refused" and text.splitlines()[2].split()[-1] == "25"
+    assert "| refused |" in report.markdown_table(recs)

@@ -83,6 +83,16 @@ BAD = [
     ("    profile: {max_model_len: 0}\n", "scenarios[0].profile.max_model_len: Input should be greater than 0"),
     ("    startup_median_s: fast\n", "scenarios[0].startup_median_s: Input should be a valid number"),
     ("    warmup_s: '60'\n", "scenarios[0].warmup_s: Input should be a valid number (got '60')"),
+    ("    base_replicas: 1.0e+12\n", "not valid YAML at line 5, column 5: the key 'base_replicas' is given twice"),
+    ("    shape: {step: {at_min: 500, factor: 3, hold_min: 2}}\n",
+     "scenarios[0]: shape.step.at_min 500 is at or past the end of the run (duration_min 10)"),
+    ("    shape: {diurnal: {period_min: 0.001, trough: 0.5}}\n", "scenarios[0]: shape.diurnal: 4.8e+05 knots"),
+    ("    shape: {step: {at_min: 1, factor: 1.0e+6, hold_min: 2}}\n",
+     "scenarios[0].shape.step.factor: Input should be less than or equal to 1000"),
+    ("    sessions: {system_prompt_tokens: 5000}\n    profile: {max_model_len: 1000}\n",
+     "scenarios[0]: sessions.system_prompt_tokens (5000) and the smallest first turn leave no room in "
+     "profile.max_model_len (1000): every request would be refused; raise max_model_len or shorten the system "
+     "prompt; fix this value\n"),
 ]  # fmt: skip
 
 
@@ -93,6 +103,23 @@ def test_a_bad_file_exits_2_naming_the_key(tmp_path, capsys, extra, message):
     assert cli.main(["autoscale", "--scenario-file", str(path), "--engine", "fluid", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"--scenario-file {path}: {message}" in err, err
+
+
+def test_a_scenario_whose_first_turn_cannot_fit_the_profile_exits_2(tmp_path, capsys):
+    path = tmp_path / "short.yaml"
+    path.write_text("scenarios:\n  - {name: x, duration_min: 10, base_replicas: 1, profile: {max_model_len: 100}}\n")
+    assert cli.main(["autoscale", "--scenario-file", str(path), "--engine", "fluid", "--quiet"]) == 2
+    assert "scenario 'x': its first turn needs at least" in capsys.readouterr().err
+
+
+def test_numbers_in_exponent_form_and_huge_values(tmp_path):
+    (sc,) = scenario_file.parse("scenarios:\n  - {name: x, duration_min: 1e1, base_replicas: 2}\n")
+    assert sc.duration_s == 600.0
+    for text, key in (("duration_min: 1.0e+300, base_replicas: 2", "duration_min"),
+                      ("duration_min: 10, base_replicas: 1.0e+12", "base_replicas"),
+                      ("duration_min: 10, base_replicas: 2, warmup_s: 1.0e+300", "warmup_s")):  # fmt: skip
+        with pytest.raises(scenario_file.ScenarioFileError, match=f"scenarios\\[0\\].{key}: Input should be less"):
+            scenario_file.parse(f"scenarios:\n  - {{name: x, {text}}}\n", "f.yaml")
 
 
 @pytest.mark.parametrize(("text", "message"), [

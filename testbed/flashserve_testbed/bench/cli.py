@@ -265,12 +265,6 @@ def autoscale(argv: list[str]) -> int:
             except scenario_file.ScenarioFileError as exc:
                 print(f"flashserve bench autoscale: --scenario-file {exc}", file=sys.stderr)
                 return 2
-        names = [s.name for s in scenarios]
-        clash = next((n for n in names if names.count(n) > 1), None)
-        if clash:
-            print(f"flashserve bench autoscale: scenario {clash!r} is given twice: rename one in its file",
-                  file=sys.stderr)  # fmt: skip
-            return 2
     for path in args.trace:
         try:
             tr = read_trace(path)
@@ -289,6 +283,18 @@ def autoscale(argv: list[str]) -> int:
     if not scenarios:
         print("flashserve bench autoscale: nothing to run: --scenarios none needs --trace FILE", file=sys.stderr)
         return 2
+    # After the traces too: two traces of one file name (a/x.jsonl, b/x.jsonl.gz) would share a row and a median.
+    names = [s.name for s in scenarios]
+    clash = next((n for n in names if names.count(n) > 1), None)
+    if clash:
+        print(f"flashserve bench autoscale: scenario {clash!r} is given twice: rename one in its file, or give "
+              "traces of different file names", file=sys.stderr)  # fmt: skip
+        return 2
+    for sc in scenarios:
+        problem = scenario_file.unservable(sc, profile)
+        if problem:
+            print(f"flashserve bench autoscale: scenario {sc.name!r}: {problem}", file=sys.stderr)
+            return 2
     if args.minutes:
         scenarios = [s.scaled(duration_s=args.minutes * 60.0) for s in scenarios]
     families = tuple(args.policies or FAMILIES)

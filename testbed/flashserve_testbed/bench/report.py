@@ -41,6 +41,7 @@ def summarize_runs(runs: list[Result]) -> dict:
         "step_attainment": median([r.step_attainment for r in runs if r.step_attainment is not None]),
         "prefix_hit_rate": median([r.prefix_hit_rate for r in runs if r.prefix_hit_rate is not None]),
         "replicas_mean": median([r.replicas_mean for r in runs]),
+        "refused": median([float(r.refused) for r in runs]),
         "runs": len(runs),
     }
 
@@ -88,6 +89,13 @@ COLUMNS = (
     ("prefix_hit_rate", "prefix hits", "{:.0%}"),
     ("routing", "routing", "{}"),
 )
+# Shown only when some request was refused (prompt + output over max_model_len, as vLLM answers 400): such
+# requests are neither served nor missed, so attainment alone would hide a workload the engines turned away.
+REFUSED = ("refused", "refused", "{:.0f}")
+
+
+def _columns(rows: list[dict]) -> tuple:
+    return COLUMNS + (REFUSED,) if any((r or {}).get("refused") for r in rows) else COLUMNS
 
 
 _LABELS = ("policy", "routing")  # the record's own labels, the same in every per-scenario row
@@ -102,22 +110,24 @@ def _cell(key: str, fmt: str, value) -> str:
 
 
 def markdown_table(recs: list[dict], per_scenario: str | None = None) -> str:
-    head = "| " + " | ".join(h for _, h, _ in COLUMNS) + " |"
-    sep = "|" + "|".join("---" if k in _LABELS else "---:" for k, _, _ in COLUMNS) + "|"
+    rows = [rec if per_scenario is None else rec.get("per_scenario", {}).get(per_scenario) for rec in recs]
+    columns = _columns(rows)
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    sep = "|" + "|".join("---" if k in _LABELS else "---:" for k, _, _ in columns) + "|"
     lines = [head, sep]
-    for rec in recs:
-        row = rec if per_scenario is None else rec.get("per_scenario", {}).get(per_scenario)
+    for rec, row in zip(recs, rows):
         if row is None:
             continue
-        cells = [rec[k] if k in _LABELS else _cell(k, f, row.get(k)) for k, _, f in COLUMNS]
+        cells = [rec[k] if k in _LABELS else _cell(k, f, row.get(k)) for k, _, f in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def text_table(recs: list[dict]) -> str:
-    rows = [[h for _, h, _ in COLUMNS]]
+    columns = _columns(recs)
+    rows = [[h for _, h, _ in columns]]
     for rec in recs:
-        rows.append([rec[k] if k in _LABELS else _cell(k, f, rec.get(k)) for k, _, f in COLUMNS])
+        rows.append([rec[k] if k in _LABELS else _cell(k, f, rec.get(k)) for k, _, f in columns])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for j, r in enumerate(rows):

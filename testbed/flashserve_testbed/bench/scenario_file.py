@@ -40,6 +40,14 @@ MIN = 60.0
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+# Ceilings far above any scenario worth simulating, so that a slip (1e300 minutes, 1e12 replicas) is refused
+# naming its key instead of running until memory is gone.
+MAX_MINUTES = 30 * 24 * 60.0
+MAX_REPLICAS = 10_000.0
+MAX_FACTOR = 1000.0
+MAX_KNOTS = 100_000
+Minutes = Annotated[float, Field(ge=0, le=MAX_MINUTES)]
+Factor = Annotated[float, Field(gt=0, le=MAX_FACTOR)]
 Lax = Strict(False)  # YAML has no tuples: a pair is written as a list (its items stay strict)
 
 
@@ -67,30 +75,36 @@ class Dist(_Model):
 class StepShape(_Model):
     """The rate steps from 1 to `factor` at `at_min` (over `rise_min`), holds, then decays back to 1."""
 
-    at_min: NonNegFloat = Field(description="When the step starts, minutes into the scenario.")
-    factor: PositiveFloat = Field(description="Rate multiplier at the top of the step (e.g. 2.5 or 10).")
-    rise_min: NonNegFloat = Field(1.0, description="Minutes from the base rate to the top.")
-    hold_min: NonNegFloat = Field(description="Minutes the top holds.")
-    decay_min: NonNegFloat = Field(0.0, description="Minutes from the top back to the base rate.")
+    at_min: Minutes = Field(description="When the step starts, minutes into the scenario.")
+    factor: Factor = Field(description="Rate multiplier at the top of the step (e.g. 2.5 or 10).")
+    rise_min: Minutes = Field(1.0, description="Minutes from the base rate to the top.")
+    hold_min: Minutes = Field(description="Minutes the top holds.")
+    decay_min: Minutes = Field(0.0, description="Minutes from the top back to the base rate.")
 
 
 class RampShape(_Model):
     """The rate ramps linearly from 1 to `to` between `start_min` and `start_min + ramp_min`, then holds
     `hold_min` (none: to the end) and falls back to 1 over `down_min`."""
 
-    start_min: NonNegFloat = Field(description="When the ramp starts.")
-    ramp_min: PositiveFloat = Field(description="Minutes the ramp takes (its speed: (to - 1) / ramp_min).")
-    to: PositiveFloat = Field(description="Rate multiplier at the top of the ramp.")
-    hold_min: NonNegFloat | None = Field(None, description="Minutes at the top; none: to the end.")
-    down_min: PositiveFloat = Field(1.0, description="Minutes back to the base rate after the hold.")
+    start_min: Minutes = Field(description="When the ramp starts.")
+    ramp_min: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(
+        description="Minutes the ramp takes (its speed: (to - 1) / ramp_min)."
+    )
+    to: Factor = Field(description="Rate multiplier at the top of the ramp.")
+    hold_min: Minutes | None = Field(None, description="Minutes at the top; none: to the end.")
+    down_min: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(
+        1.0, description="Minutes back to the base rate after the hold."
+    )
 
 
 class DiurnalShape(_Model):
     """A day as a cosine: the rate is 1 at the peak and `trough` at the trough, `period_min` apart twice."""
 
-    period_min: PositiveFloat = Field(description="Length of the (compressed) day in minutes.")
+    period_min: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(
+        description="Length of the (compressed) day in minutes."
+    )
     trough: Annotated[float, Field(gt=0, le=1)] = Field(description="Rate at the trough relative to the peak.")
-    trough_at_min: NonNegFloat = Field(0.0, description="When the trough is, minutes into the scenario.")
+    trough_at_min: Minutes = Field(0.0, description="When the trough is, minutes into the scenario.")
     points_per_period: Annotated[int, Field(ge=4, le=1000)] = Field(
         48, description="Knots the cosine is sampled at (linear in between)."
     )
@@ -99,9 +113,10 @@ class DiurnalShape(_Model):
 class Shape(_Model):
     """The session rate's multiplier over time: exactly one of the four ways to give it."""
 
-    points: list[Annotated[tuple[NonNegFloat, NonNegFloat], Lax]] | None = Field(
+    points: Annotated[list[Annotated[tuple[Minutes, Annotated[float, Field(ge=0, le=MAX_FACTOR)]], Lax]],
+                      Field(max_length=MAX_KNOTS)] | None = Field(
         None, description="(minute, multiplier) points, linear in between and flat beyond the ends."
-    )
+    )  # fmt: skip
     step: StepShape | None = None
     ramp: RampShape | None = None
     diurnal: DiurnalShape | None = None
@@ -150,16 +165,20 @@ class Bursts(_Model):
     """CI fan-outs: bursts start by a Poisson process, each as many sessions as `minutes` of base-rate
     arrivals, spread over `spread_s`."""
 
-    per_hour: NonNegFloat = Field(description="Mean bursts per hour.")
-    minutes: PositiveFloat = Field(description="Size of a burst, in minutes' worth of base-rate sessions.")
-    spread_s: PositiveFloat = Field(60.0, description="Seconds over which a burst's sessions start.")
+    per_hour: Annotated[float, Field(ge=0, le=3600)] = Field(description="Mean bursts per hour.")
+    minutes: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(
+        description="Size of a burst, in minutes' worth of base-rate sessions."
+    )
+    spread_s: Annotated[float, Field(gt=0, le=MAX_MINUTES * MIN)] = Field(
+        60.0, description="Seconds over which a burst's sessions start."
+    )
 
 
 class Drift(_Model):
     """A slow sinusoidal wander of the rate."""
 
     amplitude: Annotated[float, Field(ge=0, lt=1)] = Field(description="Relative amplitude (0.15: +-15%).")
-    period_min: PositiveFloat = Field(90.0, description="Period of the wander in minutes.")
+    period_min: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(90.0, description="Period of the wander in minutes.")
 
 
 class Sessions(_Model):
@@ -198,19 +217,46 @@ class ScenarioSpec(_Model):
         description="Name in tables and CSVs: lower-case letters, digits, '-' and '.'."
     )
     description: str = Field("", description="One line on what the scenario tests.")
-    duration_min: PositiveFloat = Field(description="Measured minutes (after the warm-up).")
-    base_replicas: PositiveFloat = Field(
+    duration_min: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(
+        description="Measured minutes (after the warm-up)."
+    )
+    base_replicas: Annotated[float, Field(gt=0, le=MAX_REPLICAS)] = Field(
         description="The fleet the base session rate needs at the SLA capacity (the shape multiplies it)."
     )
     shape: Shape | None = Field(None, description="The rate's multiplier over time; none: constant 1.")
     drift: Drift | None = None
     bursts: Bursts | None = None
-    warmup_s: NonNegFloat = Field(300.0, description="Traffic before t=0 on the initial fleet, no autoscaling.")
-    startup_median_s: PositiveFloat | None = Field(
+    warmup_s: Annotated[float, Field(ge=0, le=MAX_MINUTES * MIN)] = Field(
+        300.0, description="Traffic before t=0 on the initial fleet, no autoscaling."
+    )
+    startup_median_s: Annotated[float, Field(gt=0, le=MAX_MINUTES * MIN)] | None = Field(
         None, description="Median replica start-up; none: the engine profile's (7 minutes by default)."
     )
     sessions: Sessions | None = None
     profile: ProfileOverrides | None = None
+
+    @model_validator(mode="after")
+    def _within_the_run(self) -> ScenarioSpec:
+        sh = self.shape
+        starts = {"shape.step.at_min": sh.step.at_min if sh and sh.step else None,
+                  "shape.ramp.start_min": sh.ramp.start_min if sh and sh.ramp else None}  # fmt: skip
+        for key, at in starts.items():
+            if at is not None and at >= self.duration_min:
+                raise ValueError(f"{key} {at:g} is at or past the end of the run (duration_min {self.duration_min:g}): "
+                                 "it would never happen")  # fmt: skip
+        if sh and sh.diurnal:
+            knots = sh.diurnal.points_per_period * self.duration_min / sh.diurnal.period_min
+            if knots > MAX_KNOTS:
+                raise ValueError(f"shape.diurnal: {knots:.3g} knots (points_per_period x duration_min / period_min); "
+                                 f"at most {MAX_KNOTS}: a longer period_min or fewer points_per_period")  # fmt: skip
+        s, limit = self.sessions, self.profile.max_model_len if self.profile else None
+        if limit is not None and s is not None and s.system_prompt_tokens is not None:
+            first = s.system_prompt_tokens + (s.first_turn_tokens.min if s.first_turn_tokens else 1)
+            if first >= limit:
+                raise ValueError(f"sessions.system_prompt_tokens ({s.system_prompt_tokens}) and the smallest first "
+                                 f"turn leave no room in profile.max_model_len ({limit}): every request would be "
+                                 "refused; raise max_model_len or shorten the system prompt")  # fmt: skip
+        return self
 
     def to_scenario(self):
         from flashserve_testbed.bench.workloads import Scenario, SessionOverrides
@@ -310,7 +356,9 @@ def _explain(exc: ValidationError, source: str) -> str:
         return f"{source}: {where}: unknown key; {fix}{more}"
     field = _field(loc)
     key = next((p for p in reversed(loc) if not isinstance(p, int)), "")  # `points`, not the point's index
-    what = f". {key}: {field.description}" if field is not None and field.description else ""
+    # a rule over a whole list item (a scenario's own validator): its message says it all
+    whole_item = kind == "value_error" and bool(loc) and isinstance(loc[-1], int)
+    what = f". {key}: {field.description}" if field is not None and field.description and not whole_item else ""
     if kind == "missing":
         return f"{source}: {where}: required key missing; add it{more}{what}"
     msg = err["msg"].removeprefix("Value error, ")
@@ -319,10 +367,47 @@ def _explain(exc: ValidationError, source: str) -> str:
     return f"{source}: {where}: {msg}{shown}; fix this value{more}{what}"
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as people write it in these files: a key given twice is refused (not last-wins), and `1e1` is a
+    number (YAML 1.1 wants `1.0e+1`)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)  # fmt: skip
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def unservable(scenario, profile) -> str | None:
+    """Why no session of a synthetic scenario could send one request on `profile`, else None: its first turn
+    (the system prompt and the smallest first prompt, one output token) does not fit max_model_len."""
+    if scenario.trace:
+        return None
+    prof = scenario.profile_for(profile)
+    w = prof.workload
+    first = w.shared_system_prompt_tokens + int(w.first_turn_tokens.minimum) + 1
+    if first > prof.max_model_len:
+        return (f"its first turn needs at least {first} tokens (system prompt {w.shared_system_prompt_tokens}), more "
+                f"than max_model_len {prof.max_model_len}: every request would be refused; raise "
+                "profile.max_model_len or shorten the prompts")  # fmt: skip
+    return None
+
+
 def parse(text: str, source: str = "<scenario file>") -> list:
     """The Scenarios of a scenario file's text; ScenarioFileError naming the key and the fix otherwise."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text.removeprefix("\ufeff"), Loader=_Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

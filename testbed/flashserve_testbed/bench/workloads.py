@@ -16,6 +16,8 @@ aiperf multi-turn traces (turns sharing a `session_id`) closed loop, as TraceSes
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import math
 import random
@@ -103,6 +105,10 @@ class Scenario:
         """The engine profile this scenario runs on: `profile` with the scenario's overrides."""
         return profile if self.sessions is None else self.sessions.apply(profile)
 
+    @functools.cached_property
+    def _knot_times(self) -> list[float]:
+        return [t for t, _ in self.knots]
+
     def multiplier(self, t: float) -> float:
         k = self.knots
         if t <= k[0][0]:
@@ -110,11 +116,11 @@ class Scenario:
         elif t >= k[-1][0]:
             m = k[-1][1]
         else:
-            m = k[-1][1]
-            for (t0, m0), (t1, m1) in zip(k, k[1:]):
-                if t0 <= t <= t1:
-                    m = m0 + (m1 - m0) * (t - t0) / (t1 - t0) if t1 > t0 else m1
-                    break
+            # the first knot at or after t (as the scan from the start found it), by bisection: shapes may have
+            # many knots (a diurnal day sampled finely), and this is asked for every second simulated
+            i = max(1, bisect.bisect_left(self._knot_times, t))
+            (t0, m0), (t1, m1) = k[i - 1], k[i]
+            m = m0 + (m1 - m0) * (t - t0) / (t1 - t0) if t1 > t0 else m1
         if self.drift:
             m *= 1.0 + self.drift * math.sin(2 * math.pi * t / self.drift_period_s)
         return max(0.0, m)
