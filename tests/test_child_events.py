@@ -143,3 +143,40 @@ def test_observed_takes_each_kind_from_its_own_index_under_every_label_value():
             assert sorted(getattr(got, c.field)) == [f"{c.plural}-a", f"{c.plural}-b"], c.field
     assert got.pods == ["pod-a", "pod-b"] and got.startup_pods == ["prefetch-a"]
     assert sorted(got.by_kind()) == sorted(c.kind for c in handlers.CHILDREN if c.field != "pods")
+
+
+def test_a_deleted_servings_late_events_leave_the_one_re_created_under_its_name_alone():
+    """kopf runs each uid's events apart: the old serving's MODIFIED and DELETED may come after the new one's
+    ADDED. Neither may stop the new serving's worker nor have it reconcile the old spec."""
+    h = _handler_for("flashserve.io", "v1alpha1", "deepseekservings")
+    key = (NS, serving_label_value("flash"))
+    c = controller(FakeKube())
+
+    def body(uid: str, made: str, replicas: int, deleted: bool = False) -> kopf.Body:
+        meta = {"name": "flash", "namespace": NS, "uid": uid, "creationTimestamp": made}
+        if deleted:
+            meta["deletionTimestamp"] = "2026-12-07T10:05:00Z"
+        return kopf.Body({"metadata": meta, "spec": {"replicas": replicas}})
+
+    indexes = {c_.index: {} for c_ in handlers.CHILDREN}
+
+    async def events() -> None:
+        async def send(type_: str, b: kopf.Body) -> None:
+            await h.fn(type=type_, namespace=NS, name="flash", body=b, memo=kopf.Memo(controller=c),
+                       logger=handlers.logging.getLogger("test"), **indexes)  # fmt: skip
+
+        await send("ADDED", body("new", "2026-12-07T10:04:59Z", 3))
+        await send("MODIFIED", body("old", "2026-12-07T09:00:00Z", 1))
+        await send("DELETED", body("old", "2026-12-07T09:00:00Z", 1, deleted=True))
+        assert key in handlers._workers and handlers._bodies[key]["metadata"]["uid"] == "new"
+        assert handlers._bodies[key]["spec"]["replicas"] == 3
+        await send("DELETED", body("new", "2026-12-07T10:04:59Z", 3, deleted=True))
+        assert key not in handlers._bodies and key not in handlers._workers
+
+    try:
+        asyncio.run(events())
+    finally:
+        handlers._bodies.pop(key, None)
+        task = handlers._workers.pop(key, None)
+        if task is not None:
+            task.cancel()

@@ -68,3 +68,69 @@ def test_a_released_lease_is_taken_at_once():
     coord = FakeCoordination(lease("", T0))
     coord.lease.spec.holder_identity = None
     assert standby(coord, [0.0])._try_acquire_or_renew() is True
+
+
+def test_leading_holds_only_while_renewals_are_younger_than_the_renew_deadline():
+    coord = FakeCoordination(lease("", T0))
+    coord.lease.spec.holder_identity = None
+    clock = [0.0]
+    e = standby(coord, clock)
+    assert not e.leading(), "a standby never writes"
+    assert e._try_acquire_or_renew() is True and e.leading()
+    clock[0] += e.renew_deadline - 0.1
+    assert e.leading()
+    clock[0] += 0.2
+    assert not e.leading(), "a leader that could not renew stops writing on its own clock, before a standby may act"
+    assert e._try_acquire_or_renew() is True and e.leading()
+    e.release()
+    assert not e.leading(), "released: its writes stop before the standby takes the lease"
+
+
+def test_a_renewal_that_finds_another_holder_ends_the_leadership_at_once():
+    import asyncio
+
+    coord = FakeCoordination(lease("", T0))
+    coord.lease.spec.holder_identity = None
+    clock = [0.0]
+    e = standby(coord, clock)
+    e.retry_period = 0.01
+    assert e._try_acquire_or_renew() is True
+    # while this replica was stalled, the lease expired for the other one, which took it
+    coord.lease.spec.holder_identity = "other"
+    coord.renew(T0 + dt.timedelta(seconds=20))
+    asyncio.run(asyncio.wait_for(e.hold(), 2.0))  # returns, long before renew_deadline on this clock
+    assert not e.leading() and clock[0] == 0.0
+
+
+def test_no_write_leaves_a_replica_that_does_not_lead():
+    from flashserve.controller.kube import Kube, NotLeading
+
+    class Api:
+        calls = 0
+
+        def param_serialize(self, **kw):
+            return kw["method"], kw["resource_path"], {}, None, None
+
+        def call_api(self, *a, **kw):
+            Api.calls += 1
+
+            class Resp:
+                status, reason = 200, "OK"
+
+                def read(self):
+                    return b"{}"
+
+            return Resp()
+
+    leading = [False]
+    kube = Kube(Api(), may_write=lambda: leading[0])
+    try:
+        kube.patch_status("ns", "flash", {"observedGeneration": 1})
+        raise AssertionError("written without the lease")
+    except NotLeading as exc:
+        assert "no longer leads" in str(exc)
+    assert Api.calls == 0
+    assert kube.get("ns", "Service", "flash") == {}, "reads go on"
+    leading[0] = True
+    kube.patch_status("ns", "flash", {"observedGeneration": 1})
+    assert Api.calls == 2

@@ -119,6 +119,24 @@ def test_a_serving_in_steady_state_costs_no_request_at_all(events, clock):
     assert kube.calls == [] and events == []
 
 
+def test_turning_autoscaling_off_clears_what_it_reported_once(events, clock):
+    kube, c, status = settled({"replicas": 2}, clock)
+    status = copy.deepcopy(status)
+    status.update(slaState="Met", sla={"perUserTokensPerSecondP90": 120.0}, lastScaling={"to": 2})
+    status["conditions"] = [*status["conditions"],
+                            {"type": "MetricsAvailable", "status": "False", "reason": "NoMetrics", "message": ""},
+                            {"type": "ScalingLimited", "status": "True", "reason": "AtMax", "message": ""}]  # fmt: skip
+    c = controller(kube)  # an operator (re)started after autoscaling was turned off: the status is the body's
+    status = reconcile(c, kube, body("flash", {"replicas": 2}, status=status))
+    (patch,) = kube.status_patches
+    assert (patch["slaState"], patch["sla"], patch["lastScaling"]) == (None, None, None)
+    assert {x["type"] for x in patch["conditions"]}.isdisjoint({"MetricsAvailable", "ScalingLimited"})
+    kube.calls.clear()
+    kube.status_patches.clear()
+    reconcile(c, kube, body("flash", {"replicas": 2}, status=status))
+    assert kube.calls == [] and kube.status_patches == [], "cleared once: steady state writes nothing"
+
+
 def test_quantities_the_api_server_stores_in_another_spelling_are_not_written_again(events, clock):
     """The API server keeps a quantity's amount and stores its canonical spelling (`1024Gi` as `1Ti`, `1.5` as
     `1500m`): a resync compares the amounts, and a serving written with such spellings is still at rest."""
@@ -497,7 +515,7 @@ def test_a_child_whose_deletion_the_watch_showed_is_made_again_within_the_write_
         assert applied(kube) == [(kind, name)], f"{kind}/{name} made again without waiting for the window"
 
 
-def test_a_statefulset_deleted_by_hand_is_drift_even_when_its_first_re_creation_fails(events, clock):
+def test_a_statefulset_deleted_by_hand_is_drift_even_when_its_first_re_creation_fails(events, clock, caplog):
     kube, c, status = settled({"replicas": 1}, clock)
     g0 = group_name("flash", 0)
     kube.objects.pop(("StatefulSet", NS, g0))
@@ -505,10 +523,12 @@ def test_a_statefulset_deleted_by_hand_is_drift_even_when_its_first_re_creation_
     events.clear()
     status = reconcile(c, kube, body("flash", status=status))
     assert "DriftCorrected" not in [e["reason"] for e in events], "not restored yet"
-    status = reconcile(c, kube, body("flash", status=status))
+    with caplog.at_level(logging.WARNING, logger="test"):
+        status = reconcile(c, kube, body("flash", status=status))
     assert ("StatefulSet", NS, g0) in kube.objects
     drift = [e for e in events if e["reason"] == "DriftCorrected"]
     assert len(drift) == 1 and f"StatefulSet/{g0}" in drift[0]["message"]
+    assert not [r for r in caplog.records if r.name == "test"], "no warning on kopf's per-object logger: one Event"
     assert "GroupsCreated" not in [e["reason"] for e in events]
 
 

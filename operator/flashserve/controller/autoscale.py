@@ -30,6 +30,7 @@ from flashserve.autoscaling.policy import (
     PolicyState,
     decide,
 )
+from flashserve.autoscaling.reasons import METRICS_AVAILABLE, SCALING_LIMITED
 from flashserve.autoscaling.replicas import (
     GroupReadiness,
     ReplicaCounts,
@@ -46,6 +47,10 @@ from flashserve.render.naming import serving_label_value
 
 STATE_ANNOTATION = "flashserve.io/autoscaler-state"
 PERSIST_EVERY_S = 300.0
+# What the autoscaler writes into status (status_fields) and its conditions: cleared when it is turned off.
+STATUS_FIELDS = ("slaState", "learnedCapacity", "learnedStartupSeconds", "learnedStartupSecondsByCacheState", "sla",
+                 "lastScaling")  # fmt: skip
+CONDITIONS = frozenset({METRICS_AVAILABLE, SCALING_LIMITED})
 
 log = logging.getLogger(__name__)
 

@@ -125,7 +125,10 @@ async def serving_event(
 ) -> None:
     key = (namespace, serving_label_value(name))
     legacy = (namespace, legacy_serving_label_value(name))
-    if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+    deleting = type == "DELETED" or bool(body.get("metadata", {}).get("deletionTimestamp"))
+    if _earlier_incarnation(_bodies.get(key), body, deleting):
+        return
+    if deleting:
         _aliases.get(legacy, set()).discard(key)
         _bodies.pop(key, None)
         memo.controller.forget(namespace, name)
@@ -146,6 +149,22 @@ async def serving_event(
         _workers[key] = asyncio.create_task(_worker(key, keys, memo.controller, indexes, logger),
                                             name=f"reconcile {key}")  # fmt: skip
     _wake(key)
+
+
+def _earlier_incarnation(current: dict | None, event: Any, deleting: bool) -> bool:
+    """Whether `event` is of a serving deleted before the one now held under its name was made. kopf handles
+    each uid's events on a worker of its own, so a deleted serving's last events (its DELETED among them) may
+    come after the ADDED of one re-created under the same name: acted on, they would stop the new serving's
+    worker, or have it reconcile the old spec. Told apart by uid, and ordered by creation time."""
+    if current is None:
+        return False
+    old, new = current.get("metadata") or {}, event.get("metadata") or {}
+    if not old.get("uid") or not new.get("uid") or old["uid"] == new["uid"]:
+        return False
+    made, held = new.get("creationTimestamp") or "", old.get("creationTimestamp") or ""
+    # RFC 3339 in UTC with whole seconds, as the API server writes them: compared as text. In the same second
+    # the event's own uid is all there is to go by: a deletion only ends a serving with that uid.
+    return made < held or (made == held and deleting)
 
 
 def _observed(keys: list[tuple[str, str]], indexes: dict[str, kopf.Index]) -> Observed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -40,12 +41,26 @@ _KIND_VERSION = {kind: api for api, kind in _PATHS}
 EVENTS_PATH = "/api/v1/namespaces/{ns}/events"
 
 
+class NotLeading(RuntimeError):
+    """A write asked for while this replica does not hold the leader Lease (leader.LeaseElector.leading)."""
+
+
+def may_write_or_raise(may_write: Callable[[], bool] | None, what: str) -> None:
+    if may_write is not None and not may_write():
+        raise NotLeading(f"not written ({what}): this replica no longer leads")
+
+
 class Kube:
-    def __init__(self, api: client.ApiClient):
+    def __init__(self, api: client.ApiClient, may_write: Callable[[], bool] | None = None):
         self.api = api
         self.requests = 0  # API calls made, for the benchmark's requests-per-reconcile figure
+        # Asked before every write: a replica that lost the Lease (or released it) must not write beside the new
+        # leader; its reconciles may still be running in threads when it notices.
+        self.may_write = may_write
 
     def _call(self, method: str, path: str, body: object = None, content_type: str | None = None, query=None):
+        if method != "GET":
+            may_write_or_raise(self.may_write, f"{method} {path}")
         self.requests += 1
         headers = {"Accept": "application/json"}
         if content_type:

@@ -18,6 +18,11 @@ the whole deadline, a single dead connection would cost the leadership.
 
 Its requests also run on threads of its own rather than the event loop's default executor, which the
 reconciler's API writes share: a queue of slow writes never delays a renewal.
+
+`leading()` is what every write of the operator asks first (kube.Kube.may_write): true only while the last
+renewal is younger than `renew_deadline`, so a leader that stalled, lost the lease or released it stops
+writing on its own clock, well before a standby may take over (`lease_duration` after the last renewal it
+saw). A renewal that finds another holder ends the leadership at once.
 """
 
 from __future__ import annotations
@@ -64,12 +69,24 @@ class LeaseElector:
         self._observed_at = 0.0  # local monotonic time at which it last changed
         # Two: a request stuck until its timeout leaves a thread for the next attempt.
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="flashserve-lease")
+        self._renewed_at: float | None = None  # local monotonic time of the last acquire or renewal; None: not leading
+        self.holder_seen: str | None = None  # the holder the last read showed
+
+    def leading(self) -> bool:
+        """Whether this replica may act now: it holds the lease and renewed it within renew_deadline."""
+        at = self._renewed_at
+        return at is not None and self.clock() - at < self.renew_deadline
+
+    def _stamp(self, started: float) -> bool:
+        # The renewal counts from when it was sent: the API server may have stamped it any time after that.
+        self._renewed_at = started
+        return True
 
     async def _attempt(self) -> bool:
         return await asyncio.get_running_loop().run_in_executor(self._threads, self._try_acquire_or_renew)
 
     def _try_acquire_or_renew(self) -> bool:
-        now = _now()
+        now, started = _now(), self.clock()
         try:
             lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout)
         except ApiException as exc:
@@ -87,13 +104,15 @@ class LeaseElector:
             )
             try:
                 self.coord.create_namespaced_lease(self.namespace, body, _request_timeout=self.request_timeout)
-                return True
+                self.holder_seen = self.identity
+                return self._stamp(started)
             except ApiException as exc2:
                 if exc2.status == 409:
                     return False  # another replica created it first
                 raise
         spec = lease.spec
         holder = spec.holder_identity
+        self.holder_seen = holder
         record = (holder, str(spec.renew_time), str(spec.acquire_time), spec.lease_transitions)
         local = self.clock()
         if record != self._observed:
@@ -111,7 +130,7 @@ class LeaseElector:
         try:
             # resourceVersion in `lease` makes this a compare-and-swap: a racing replica gets 409.
             self.coord.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=self.request_timeout)
-            return True
+            return self._stamp(started)
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -133,8 +152,8 @@ class LeaseElector:
             await asyncio.sleep(self.retry_period)
 
     async def hold(self) -> None:
-        """Renew the lease until renewal fails for longer than renew_deadline; then return (leadership lost)."""
-        last_ok = asyncio.get_running_loop().time()
+        """Renew the lease until renewal fails for longer than renew_deadline, or another replica holds it; then
+        return (leadership lost). Start it as soon as acquire() returns: the deadline counts from the acquire."""
         ok = True
         while True:
             # After a failure, try again soon (on a fresh connection) rather than a whole retry period later.
@@ -144,15 +163,20 @@ class LeaseElector:
             except Exception as exc:
                 log.warning("leader election: renewal failed (%s)", exc)
                 ok = False
-            now = asyncio.get_running_loop().time()
-            if ok:
-                last_ok = now
-            elif now - last_ok > self.renew_deadline:
-                log.error("leader election: lease lost (not renewed for %.0fs)", now - last_ok)
+            if not ok and self.holder_seen not in (None, self.identity):
+                self._renewed_at = None
+                log.error("leader election: lease lost (%s holds it now)", self.holder_seen)
+                return
+            if not self.leading():
+                since = self.clock() - self._renewed_at if self._renewed_at is not None else float("inf")
+                self._renewed_at = None
+                log.error("leader election: lease lost (not renewed for %.0fs)", since)
                 return
 
     def release(self) -> None:
-        """Give the lease up on a clean shutdown so a standby takes over without waiting for expiry."""
+        """Give the lease up on a clean shutdown so a standby takes over without waiting for expiry. Call it once
+        the operator's writes have drained: a write still in flight would land beside the new leader's."""
+        self._renewed_at = None
         try:
             lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout)
             if lease.spec.holder_identity == self.identity:

@@ -30,10 +30,12 @@ from flashserve.render.renderer import OPERATOR_NAMESPACE
 log = logging.getLogger("flashserve")
 
 
-def _api_client(kubeconfig: str | None) -> client.ApiClient:
+def _api_client(kubeconfig: str | None, retries: int | None = None) -> client.ApiClient:
     kubeconfig_loader.load(kubeconfig)
     cfg = client.Configuration.get_default_copy()
     cfg.connection_pool_maxsize = 16
+    if retries is not None:
+        cfg.retries = retries
     return client.ApiClient(cfg)
 
 
@@ -178,8 +180,9 @@ async def _run(args: argparse.Namespace) -> int:
     api = _api_client(args.kubeconfig)
     elector = None
     if args.leader_elect:
-        # Its own client (connection pool): the reconciler's slow or stuck requests never delay a renewal.
-        elector = LeaseElector(_api_client(args.kubeconfig), args.lease_namespace, args.lease_name)
+        # Its own client (connection pool): the reconciler's slow or stuck requests never delay a renewal. No
+        # retries inside a request: each attempt is bounded by its own timeout, and the elector retries.
+        elector = LeaseElector(_api_client(args.kubeconfig, retries=0), args.lease_namespace, args.lease_name)
         # A standby is alive too: answer the liveness probe while waiting, or the kubelet would restart it
         # forever. kopf serves the same endpoint once this replica leads.
         standby = await _standby_liveness(args.liveness) if args.liveness else None
@@ -188,10 +191,14 @@ async def _run(args: argparse.Namespace) -> int:
         finally:
             if standby is not None:
                 await standby.cleanup()
+    # Renewing from the moment the lease is held: the set-up below may take a while against a slow API server.
+    lost = asyncio.create_task(elector.hold()) if elector else None
 
     controller = Controller(api=api, resync_seconds=args.resync_seconds, prometheus_url=args.prometheus_url,
                             operator_namespace=args.operator_namespace,
                             engine_networks=args.engine_networks)  # fmt: skip
+    if elector is not None:
+        controller.kube.may_write = controller.router_workers.may_write = elector.leading
     allow = PrometheusAllowList(operator_url=args.prometheus_url, entries=parse_entries(args.prometheus_allow),
                                 own_namespace=args.prometheus_allow_own_namespace)  # fmt: skip
     controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url, allow=allow)
@@ -220,7 +227,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     # Before the first reconcile, so that no router policy is first written without its egress rule.
-    await asyncio.to_thread(controller.api_server.refresh)
+    refresh = asyncio.ensure_future(asyncio.to_thread(controller.api_server.refresh))
+    await asyncio.wait({refresh, *([lost] if lost else [])}, return_when=asyncio.FIRST_COMPLETED)
+    if lost is not None and lost.done():
+        log.error("leadership lost while starting: stopping so that the new leader acts alone")
+        return 1
     refresher = asyncio.create_task(controller.api_server.keep_fresh())
     stop = asyncio.Event()
     operator = asyncio.create_task(
@@ -234,7 +245,6 @@ async def _run(args: argparse.Namespace) -> int:
         )
     )
     tasks = {operator}
-    lost = asyncio.create_task(elector.hold()) if elector else None
     if lost:
         tasks.add(lost)
     try:
@@ -249,11 +259,17 @@ async def _run(args: argparse.Namespace) -> int:
         return 1
     stop.set()
     refresher.cancel()
-    if lost is not None:
-        lost.cancel()
     await asyncio.wait({operator}, timeout=15)
     if elector is not None:
-        await asyncio.to_thread(elector.release)
+        # Writes already started in worker threads finish before the lease is given up (the standby takes it at
+        # once); renewals go on meanwhile, on the elector's own threads.
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), 30)
+        except asyncio.TimeoutError:
+            log.warning("writes still running after 30 s: releasing the lease anyway; they are refused from now")
+        if lost is not None:
+            lost.cancel()
+        await asyncio.get_running_loop().run_in_executor(elector._threads, elector.release)
     if operator.done() and operator.exception():
         raise operator.exception()  # type: ignore[misc]
     return 0

@@ -54,6 +54,8 @@ from flashserve.controller.router_status import (
     unavailable_since,
     with_router,
 )
+from flashserve.controller.autoscale import CONDITIONS as AUTOSCALER_CONDITIONS
+from flashserve.controller.autoscale import STATUS_FIELDS as AUTOSCALER_STATUS_FIELDS
 from flashserve.controller.status import (
     Cond,
     group_conditions,
@@ -610,7 +612,8 @@ class Controller:
             "desiredReplicas": spec.replicas,
             "selector": selector_string(name),
             "endpoint": endpoint(name, namespace, spec),
-            "conditions": merge_conditions(previous, conds, now_iso(), generation),
+            "conditions": merge_conditions(previous, conds, now_iso(), generation,
+                                           frozenset() if spec.autoscaling.enabled else AUTOSCALER_CONDITIONS),
         }
         # Written while groups drain, and cleared once (only then: a steady serving's status does not change).
         if p.draining or status.get("drainingGroups"):
@@ -621,6 +624,8 @@ class Controller:
             new_status["lastDrains"] = [d.ended() for d in p.drained]
         if self.autoscaler is not None and spec.autoscaling.enabled:
             new_status.update(self.autoscaler.status_fields(body))
+        else:  # what the autoscaler last said no longer holds: cleared once, then absent
+            new_status.update({k: None for k in AUTOSCALER_STATUS_FIELDS if status.get(k) is not None})
         # Written when a start-up completes, only then.
         started = self.startups.step(namespace, name, spec, mine, status.get("startup"), time.time())
         if started.status is not None:
@@ -630,7 +635,8 @@ class Controller:
                              {u for s in mine.statefulsets.values() if (u := (s.get("metadata") or {}).get("uid"))})
         for slow in started.slow:
             kopf.event(body, type="Warning", reason="StartupSlow", message=slow.message())
-            logger.warning("StartupSlow: %s", slow.message())
+            # the module logger: a warning on kopf's per-object logger would be posted as a second Event
+            log.warning("%s/%s: StartupSlow: %s", namespace, name, slow.message())
 
     def _owner_conflict(self, namespace: str, uid: str | None, label: str, obj: dict, observed: Observed) -> str | None:
         """Why `obj` must not be written (an object of its name belongs to someone else), else None."""
@@ -761,7 +767,7 @@ class Controller:
         if p.restored:
             msg = "restored to the operator's intent after an outside change: " + ", ".join(sorted(set(p.restored)))
             kopf.event(body, type="Warning", reason="DriftCorrected", message=msg)
-            logger.warning(msg)
+            log.warning("%s/%s: DriftCorrected: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
 
     async def _write_status(self, body: dict, old: dict, new: dict, logger: logging.Logger) -> None:
         merged = {**old, **{k: v for k, v in new.items()}}
@@ -776,7 +782,7 @@ class Controller:
         for kind, reason, message in transitions(old.get("conditions"), new.get("conditions", [])):
             kopf.event(body, type=kind, reason=reason, message=message)
             if kind == "Warning":
-                logger.warning("%s: %s", reason, message)
+                log.warning("%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
 
 
 def _write_problems(outcome: Outcome) -> Cond:

@@ -54,8 +54,10 @@ def previous_conditions(last_written: list[dict] | None, on_object: list[dict] |
     return ours + theirs
 
 
-def merge_conditions(previous: list[dict] | None, new: list[Cond], now: str, generation: int | None) -> list[dict]:
-    old = {c.get("type"): c for c in previous or [] if isinstance(c, dict)}
+def merge_conditions(previous: list[dict] | None, new: list[Cond], now: str, generation: int | None,
+                     gone: frozenset[str] = frozenset()) -> list[dict]:  # fmt: skip
+    """`gone`: our condition types that no longer apply (the autoscaler's, once it is turned off)."""
+    old = {c.get("type"): c for c in previous or [] if isinstance(c, dict) and c.get("type") not in gone}
     out = []
     for c in new:
         prev = old.pop(c.type, None)
