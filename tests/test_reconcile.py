@@ -453,6 +453,31 @@ def test_a_failed_status_patch_raises_and_is_made_again_on_the_next_reconcile(ev
     assert kube.status_patches == [status] and status["observedGeneration"] == 1
 
 
+def test_a_serving_gone_without_a_deletion_event_stops_its_worker(events, caplog):
+    """After a 410 kopf lists again and sends nothing for a serving deleted meanwhile: the 404 of its status
+    write is the sign, and the worker stops instead of making children for an owner that no longer exists."""
+    kube = FakeKube()
+    kube.errors[("status", SERVING_KIND)] = api_error(404, "deepseekservings.flashserve.io \"flash\" not found")
+    c = controller(kube)
+    c.resync_seconds = 0.05
+    key = (NS, serving_label_value("flash"))
+    no_children = {c.field: {} for c in handlers.CHILDREN}
+
+    async def main() -> None:
+        handlers._bodies[key] = body("flash")
+        task = asyncio.create_task(handlers._worker(key, [key], c, no_children, LOG))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 5)
+        finally:
+            handlers._bodies.pop(key, None)
+            task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="test"):
+        asyncio.run(main())
+    assert c.stats.reconciles == 1 and key not in handlers._bodies
+    assert "is gone (its status cannot be written): stopping its worker" in caplog.text
+
+
 def test_the_worker_survives_a_failed_reconcile_and_retries_soon(events, caplog):
     """The exception of a failed reconcile reaches the serving's worker (not kopf): logged, then retried after
     a back-off bounded by the resync period."""

@@ -22,7 +22,7 @@ import kopf
 
 from flashserve.api.v1alpha1 import GROUP, PLURAL, VERSION
 from flashserve.controller.observe import CHILDREN, Observed, pod_view, serving_key, slim
-from flashserve.controller.reconciler import Controller
+from flashserve.controller.reconciler import Controller, ServingGone
 from flashserve.render.startup import OWNER_LABEL
 from flashserve.render.naming import (
     MANAGED_BY,
@@ -130,10 +130,7 @@ async def serving_event(
         return
     if deleting:
         _aliases.get(legacy, set()).discard(key)
-        _bodies.pop(key, None)
-        memo.controller.forget(namespace, name)
-        if memo.controller.autoscaler is not None:
-            memo.controller.autoscaler.forget(namespace, name)
+        _forget(memo.controller, key, name)
         task = _workers.pop(key, None)
         if task is not None:
             task.cancel()
@@ -149,6 +146,13 @@ async def serving_event(
         _workers[key] = asyncio.create_task(_worker(key, keys, memo.controller, indexes, logger),
                                             name=f"reconcile {key}")  # fmt: skip
     _wake(key)
+
+
+def _forget(controller: Controller, key: tuple[str, str], name: str) -> None:
+    _bodies.pop(key, None)
+    controller.forget(key[0], name)
+    if controller.autoscaler is not None:
+        controller.autoscaler.forget(key[0], name)
 
 
 def _earlier_incarnation(current: dict | None, event: Any, deleting: bool) -> bool:
@@ -197,6 +201,12 @@ async def _worker(key: tuple[str, str], keys: list[tuple[str, str]], controller:
                 failures = 0
             except asyncio.CancelledError:
                 raise
+            except ServingGone:
+                logger.info("%s/%s is gone (its status cannot be written): stopping its worker", key[0],
+                            body["metadata"]["name"])  # fmt: skip
+                if _bodies.get(key) is body:  # not a serving re-created under the name meanwhile
+                    _forget(controller, key, body["metadata"]["name"])
+                return
             except Exception as exc:  # keep the loop alive; back off so a broken API is not hammered
                 failures += 1
                 logger.error("reconcile of %s/%s failed (attempt %d): %s", key[0], body["metadata"]["name"],

@@ -776,13 +776,25 @@ class Controller:
         meta = body["metadata"]
         changed = sorted(k for k in new if old.get(k) != new[k])
         log.info("%s/%s: status %s", meta["namespace"], meta["name"], changed)
-        await asyncio.to_thread(self.kube.patch_status, meta["namespace"], meta["name"], new)
+        try:
+            await asyncio.to_thread(self.kube.patch_status, meta["namespace"], meta["name"], new)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ServingGone(meta["namespace"], meta["name"]) from None
+            raise
         self._status[(meta["namespace"], meta["name"])] = merged
         self.stats.status_writes += 1
         for kind, reason, message in transitions(old.get("conditions"), new.get("conditions", [])):
             kopf.event(body, type=kind, reason=reason, message=message)
             if kind == "Warning":
                 log.warning("%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
+
+
+class ServingGone(Exception):
+    """The serving's status could not be written because the serving is no longer there. kopf reports no
+    deletion that happened while its watch was down (after a 410 it lists again, and an object gone from the
+    list gets no DELETED event), so without this the worker would go on making children for an owner that does
+    not exist, which the garbage collector removes and the worker makes again."""
 
 
 def _write_problems(outcome: Outcome) -> Cond:
