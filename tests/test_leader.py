@@ -84,6 +84,9 @@ def test_leading_holds_only_while_renewals_are_younger_than_the_renew_deadline()
     assert e._try_acquire_or_renew() is True and e.leading()
     e.release()
     assert not e.leading(), "released: its writes stop before the standby takes the lease"
+    assert coord.lease.spec.holder_identity is None
+    assert e._try_acquire_or_renew() is False, "an attempt still running after the release takes nothing back"
+    assert coord.lease.spec.holder_identity is None and not e.leading()
 
 
 def test_a_renewal_that_finds_another_holder_ends_the_leadership_at_once():
@@ -103,7 +106,7 @@ def test_a_renewal_that_finds_another_holder_ends_the_leadership_at_once():
 
 
 def test_no_write_leaves_a_replica_that_does_not_lead():
-    from flashserve.controller.kube import Kube, NotLeading
+    from flashserve.controller.kube import Kube, NotLeading, WriteGate
 
     class Api:
         calls = 0
@@ -123,7 +126,7 @@ def test_no_write_leaves_a_replica_that_does_not_lead():
             return Resp()
 
     leading = [False]
-    kube = Kube(Api(), may_write=lambda: leading[0])
+    kube = Kube(Api(), WriteGate(lambda: leading[0]))
     try:
         kube.patch_status("ns", "flash", {"observedGeneration": 1})
         raise AssertionError("written without the lease")

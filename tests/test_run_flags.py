@@ -14,7 +14,7 @@ from flashserve.controller.main import _parser, main, split_address
     (["--metrics-address", "bogus"], "is not host:port with a port of 0-65535"),
     (["--metrics-address", "127.0.0.1:99999"], "is not host:port with a port of 0-65535"),
     (["--metrics-address", ":::8082"], "write an IPv6 address in brackets"),
-    (["--liveness", "notaurl"], "is not http://host:port/path"),
+    (["--liveness", "notaurl"], "is not http://host[:port]/path"),
 ])  # fmt: skip
 def test_a_bad_flag_is_refused_naming_it(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -34,6 +34,7 @@ def test_a_bad_value_from_the_environment_names_the_variable_and_help_still_work
 
 def test_defaults_and_ipv6_addresses_parse():
     args = _parser().parse_args(["--metrics-address", "[::]:8082", "--liveness", "http://[::]:8081/healthz"])
+    assert _parser().parse_args(["--liveness", "http://0.0.0.0/healthz"]).liveness, "no port: kopf's default, 80"
     assert (args.resync_seconds, args.watch_timeout) == (30.0, 300)
     assert split_address(args.metrics_address) == ("::", 8082)
     assert split_address("0.0.0.0:8082") == ("0.0.0.0", 8082) and split_address(":8082") == ("", 8082)
@@ -51,7 +52,7 @@ def test_a_missing_kubeconfig_or_a_bad_certificate_stops_before_start(monkeypatc
     assert "Traceback" not in err
     cert = tmp_path / "tls.crt"
     cert.write_text("not a certificate")
-    assert main(["--metrics-cert-file", str(cert)]) == 2
-    assert "--metrics-cert-file and --metrics-key-file go together" in capsys.readouterr().err
-    assert main(["--metrics-cert-file", str(cert), "--metrics-key-file", str(cert)]) == 2
+    assert main(["--metrics-key-file", str(cert)]) == 2
+    assert "--metrics-key-file needs --metrics-cert-file" in capsys.readouterr().err
+    assert main(["--metrics-cert-file", str(cert)]) == 2, "a certificate file may hold its key, but must be PEM"
     assert "not a PEM certificate and its key" in capsys.readouterr().err

@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="servings of every namespace")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text",
                    help="json: the status as the API server holds it")  # fmt: skip
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG; in a pod, its service account; else ~/.kube/config)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: $KUBECONFIG; in a pod, its service account; else ~/.kube/config)")
     return p
 
 

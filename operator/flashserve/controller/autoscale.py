@@ -229,16 +229,19 @@ class Autoscaler:
         key = (meta["namespace"], meta["name"])
         st = self.servings.pop(key, None)
         raw = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
-        policy = st.policy if st else None
-        if policy is None and raw:
-            try:
-                policy = PolicyState.from_dict(json.loads(raw))
-            except (ValueError, TypeError, OverflowError, RecursionError):
-                return
-        if policy is None or policy.last_desired is None:
+        try:
+            saved = PolicyState.from_dict(json.loads(raw)) if raw else None
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            saved = None
+        # What it learned since the last save (up to PERSIST_EVERY_S) is saved too, or it would be lost here.
+        policy = st.policy if st else saved
+        if policy is None:
             return
-        cleared = json.dumps(replace(policy, last_desired=None).to_dict(), separators=(",", ":"))
-        await asyncio.to_thread(kube.annotate, key[0], key[1], STATE_ANNOTATION, cleared)
+        kept = replace(policy, last_desired=None)
+        if saved is not None and kept.to_dict() == saved.to_dict():
+            return
+        text = json.dumps(kept.to_dict(), separators=(",", ":"))
+        await asyncio.to_thread(kube.annotate, key[0], key[1], STATE_ANNOTATION, text)
 
     def status_fields(self, body: dict) -> dict:
         st = self._state(body)

@@ -33,6 +33,7 @@ from flashserve.render.naming import (
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 _wakeups: dict[tuple[str, str], asyncio.Event] = {}
 _bodies: dict[tuple[str, str], dict] = {}  # latest version of each serving, from its watch
+_deleted: dict[tuple[str, str], tuple[str, ...]] = {}  # uids of the last servings deleted under each name
 _workers: dict[tuple[str, str], asyncio.Task] = {}
 log = logging.getLogger(__name__)
 
@@ -126,9 +127,13 @@ async def serving_event(
     key = (namespace, serving_label_value(name))
     legacy = (namespace, legacy_serving_label_value(name))
     deleting = type == "DELETED" or bool(body.get("metadata", {}).get("deletionTimestamp"))
-    if _earlier_incarnation(_bodies.get(key), body, deleting):
+    if _earlier_incarnation(_bodies.get(key), body, deleting) or (not deleting and _uid(body) in _deleted.get(key, ())):
         return
     if deleting:
+        if _uid(body):
+            _deleted[key] = (*_deleted.get(key, ())[-7:], _uid(body))  # its late events are ignored
+            if len(_deleted) > 10_000:
+                del _deleted[next(iter(_deleted))]
         _aliases.get(legacy, set()).discard(key)
         _forget(memo.controller, key, name)
         task = _workers.pop(key, None)
@@ -146,6 +151,10 @@ async def serving_event(
         _workers[key] = asyncio.create_task(_worker(key, keys, memo.controller, indexes, logger),
                                             name=f"reconcile {key}")  # fmt: skip
     _wake(key)
+
+
+def _uid(body: Any) -> str | None:
+    return (body.get("metadata") or {}).get("uid")
 
 
 def _forget(controller: Controller, key: tuple[str, str], name: str) -> None:
@@ -202,10 +211,12 @@ async def _worker(key: tuple[str, str], keys: list[tuple[str, str]], controller:
             except asyncio.CancelledError:
                 raise
             except ServingGone:
+                now_held = _bodies.get(key)
+                if now_held is not None and _uid(now_held) != _uid(body):
+                    continue  # re-created under the name meanwhile: this worker serves the new one
                 logger.info("%s/%s is gone (its status cannot be written): stopping its worker", key[0],
                             body["metadata"]["name"])  # fmt: skip
-                if _bodies.get(key) is body:  # not a serving re-created under the name meanwhile
-                    _forget(controller, key, body["metadata"]["name"])
+                _forget(controller, key, body["metadata"]["name"])
                 return
             except Exception as exc:  # keep the loop alive; back off so a broken API is not hammered
                 failures += 1

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -45,22 +47,43 @@ class NotLeading(RuntimeError):
     """A write asked for while this replica does not hold the leader Lease (leader.LeaseElector.leading)."""
 
 
-def may_write_or_raise(may_write: Callable[[], bool] | None, what: str) -> None:
-    if may_write is not None and not may_write():
-        raise NotLeading(f"not written ({what}): this replica no longer leads")
+class WriteGate:
+    """Asked before every write the operator makes (to the API server and to routers' worker routes): a replica
+    that lost the Lease, or is releasing it, must not write beside the new leader, and its reconciles may still
+    be running in threads when it notices. Counts the writes in flight, so that a clean shutdown releases the
+    Lease only once those that passed the gate have landed."""
+
+    def __init__(self, may_write: Callable[[], bool] | None = None):
+        self.may_write = may_write
+        self._lock = threading.Lock()
+        self.in_flight = 0
+
+    @contextmanager
+    def write(self, what: str) -> Iterator[None]:
+        with self._lock:
+            if self.may_write is not None and not self.may_write():
+                raise NotLeading(f"not written ({what}): this replica no longer leads")
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient, may_write: Callable[[], bool] | None = None):
+    def __init__(self, api: client.ApiClient, gate: WriteGate | None = None):
         self.api = api
         self.requests = 0  # API calls made, for the benchmark's requests-per-reconcile figure
-        # Asked before every write: a replica that lost the Lease (or released it) must not write beside the new
-        # leader; its reconciles may still be running in threads when it notices.
-        self.may_write = may_write
+        self.gate = gate or WriteGate()
 
     def _call(self, method: str, path: str, body: object = None, content_type: str | None = None, query=None):
         if method != "GET":
-            may_write_or_raise(self.may_write, f"{method} {path}")
+            with self.gate.write(f"{method} {path}"):
+                return self._send(method, path, body, content_type, query)
+        return self._send(method, path, body, content_type, query)
+
+    def _send(self, method: str, path: str, body: object, content_type: str | None, query) -> bytes:
         self.requests += 1
         headers = {"Accept": "application/json"}
         if content_type:

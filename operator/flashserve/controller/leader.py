@@ -33,6 +33,7 @@ import datetime as dt
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -71,21 +72,35 @@ class LeaseElector:
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="flashserve-lease")
         self._renewed_at: float | None = None  # local monotonic time of the last acquire or renewal; None: not leading
         self.holder_seen: str | None = None  # the holder the last read showed
+        # Set once this replica steps down: no attempt still running on a thread may take the lease again. The
+        # lock makes an attempt and the release one after the other.
+        self._stepped_down = False
+        self._lock = threading.Lock()
 
     def leading(self) -> bool:
         """Whether this replica may act now: it holds the lease and renewed it within renew_deadline."""
         at = self._renewed_at
-        return at is not None and self.clock() - at < self.renew_deadline
+        return at is not None and not self._stepped_down and self.clock() - at < self.renew_deadline
+
+    def step_down(self) -> None:
+        """Stop acting now (leading() is false from here on) and never take the lease again; release() then
+        gives it up once the writes in flight have landed."""
+        self._stepped_down = True
+        self._renewed_at = None
 
     def _stamp(self, started: float) -> bool:
         # The renewal counts from when it was sent: the API server may have stamped it any time after that.
         self._renewed_at = started
         return True
 
+    def _try_acquire_or_renew(self) -> bool:
+        with self._lock:
+            return False if self._stepped_down else self._acquire_or_renew()
+
     async def _attempt(self) -> bool:
         return await asyncio.get_running_loop().run_in_executor(self._threads, self._try_acquire_or_renew)
 
-    def _try_acquire_or_renew(self) -> bool:
+    def _acquire_or_renew(self) -> bool:
         now, started = _now(), self.clock()
         try:
             lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout)
@@ -176,7 +191,11 @@ class LeaseElector:
     def release(self) -> None:
         """Give the lease up on a clean shutdown so a standby takes over without waiting for expiry. Call it once
         the operator's writes have drained: a write still in flight would land beside the new leader's."""
-        self._renewed_at = None
+        self.step_down()
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
         try:
             lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout)
             if lease.spec.holder_identity == self.identity:

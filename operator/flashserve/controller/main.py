@@ -14,6 +14,7 @@ import math
 import os
 import ssl
 import sys
+import time
 from urllib.parse import urlsplit
 
 import kopf
@@ -23,6 +24,7 @@ from flashserve.autoscaling.allowlist import PrometheusAllowList, parse_entries
 from flashserve.controller.drain import parse_networks
 from flashserve.controller import kubeconfig as kubeconfig_loader
 from flashserve.controller.autoscale import Autoscaler
+from flashserve.controller.kube import WriteGate
 from flashserve.controller.leader import LeaseElector
 from flashserve.controller.reconciler import Controller
 from flashserve.render.renderer import OPERATOR_NAMESPACE
@@ -88,8 +90,10 @@ def _liveness(text: str) -> str:
             port = parts.port
         except ValueError:
             parts, port = None, None
-        if parts is None or parts.scheme != "http" or not parts.hostname or port is None:
-            raise argparse.ArgumentTypeError(f"{text!r} is not http://host:port/path (IPv6: http://[::]:8081/healthz)")
+        if parts is None or parts.scheme != "http" or not parts.hostname:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not http://host[:port]/path (IPv6: http://[::]:8081/healthz)"
+            )
     return text
 
 
@@ -198,7 +202,8 @@ async def _run(args: argparse.Namespace) -> int:
                             operator_namespace=args.operator_namespace,
                             engine_networks=args.engine_networks)  # fmt: skip
     if elector is not None:
-        controller.kube.may_write = controller.router_workers.may_write = elector.leading
+        writes = WriteGate(elector.leading)
+        controller.kube.gate = controller.router_workers.gate = writes
     allow = PrometheusAllowList(operator_url=args.prometheus_url, entries=parse_entries(args.prometheus_allow),
                                 own_namespace=args.prometheus_allow_own_namespace)  # fmt: skip
     controller.autoscaler = Autoscaler(default_prometheus_url=args.prometheus_url, allow=allow)
@@ -255,18 +260,20 @@ async def _run(args: argparse.Namespace) -> int:
         log.error("leadership lost: stopping so that the new leader acts alone")
         stop.set()
         refresher.cancel()
-        await asyncio.wait({operator}, timeout=15)
+        await asyncio.wait({operator}, timeout=10)
         return 1
     stop.set()
     refresher.cancel()
-    await asyncio.wait({operator}, timeout=15)
+    await asyncio.wait({operator}, timeout=10)
     if elector is not None:
-        # Writes already started in worker threads finish before the lease is given up (the standby takes it at
-        # once); renewals go on meanwhile, on the elector's own threads.
-        try:
-            await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), 30)
-        except asyncio.TimeoutError:
-            log.warning("writes still running after 30 s: releasing the lease anyway; they are refused from now")
+        # No write passes the gate from here on; those that already did land before the lease is given up (the
+        # standby takes it at once). Bounded by a request's timeout, and within the chart's grace period.
+        elector.step_down()
+        deadline = time.monotonic() + 16.0
+        while writes.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if writes.in_flight:
+            log.warning("%d writes still in flight after 16 s: releasing the lease anyway", writes.in_flight)
         if lost is not None:
             lost.cancel()
         await asyncio.get_running_loop().run_in_executor(elector._threads, elector.release)
@@ -295,8 +302,8 @@ def preflight(args: argparse.Namespace) -> str | None:
                        ("--metrics-key-file", args.metrics_key_file)):  # fmt: skip
         if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
             return f"{flag} {path}: no such readable file"
-    if bool(args.metrics_cert_file) != bool(args.metrics_key_file):
-        return "--metrics-cert-file and --metrics-key-file go together"
+    if args.metrics_key_file and not args.metrics_cert_file:
+        return "--metrics-key-file needs --metrics-cert-file (a certificate file may also hold its key)"
     if args.metrics_cert_file:
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(args.metrics_cert_file, args.metrics_key_file)

@@ -211,7 +211,8 @@ def serve(host: str, port: int, registry: CollectorRegistry, gate: Gate | None =
     """Serve /metrics on host:port in a daemon thread; TLS when a certificate is given. Returns the server
     (its `server_address` has the bound port when `port` is 0)."""
     server_class = _Server6 if ":" in host else _Server
-    server = make_server(host, port, guarded_app(registry, gate), server_class=server_class, handler_class=_QuietHandler)
+    server = make_server(host, port, guarded_app(registry, gate), server_class=server_class,
+                         handler_class=_QuietHandler)  # fmt: skip
     if certfile:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2

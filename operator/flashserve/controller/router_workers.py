@@ -40,7 +40,7 @@ from typing import Callable
 
 from flashserve.controller.drain import IPNetwork, engine_address, out_since, reachable_host
 from flashserve.controller.engine_metrics import connection_refused, direct_opener
-from flashserve.controller.kube import may_write_or_raise
+from flashserve.controller.kube import WriteGate
 from flashserve.controller.observe import Observed
 from flashserve.facts import router as router_facts
 from flashserve.render.naming import ROUTING_SERVE
@@ -192,12 +192,16 @@ class RouterWorkersClient:
     def __init__(self, timeout: float = TIMEOUT_S):
         self.timeout = timeout
         self._opener = direct_opener()
-        self.may_write: Callable[[], bool] | None = None  # as kube.Kube's: no change of a router's list unless leading
+        self.gate = WriteGate()  # as kube.Kube's (the same one): no change of a router's list unless leading
 
     def _call(self, method: str, url: str, body: dict | None = None, text_answer: bool = False) -> object:
         """The JSON answer (`text_answer`: the text, as the routes that answer plain text do)."""
         if method != "GET":
-            may_write_or_raise(self.may_write, f"{method} {url}")
+            with self.gate.write(f"{method} {url}"):
+                return self._send(method, url, body, text_answer)
+        return self._send(method, url, body, text_answer)
+
+    def _send(self, method: str, url: str, body: dict | None, text_answer: bool) -> object:
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         req = urllib.request.Request(url, data, {"content-type": "application/json"} if data else {}, method=method)
         try:

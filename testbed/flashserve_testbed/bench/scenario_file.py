@@ -178,7 +178,9 @@ class Drift(_Model):
     """A slow sinusoidal wander of the rate."""
 
     amplitude: Annotated[float, Field(ge=0, lt=1)] = Field(description="Relative amplitude (0.15: +-15%).")
-    period_min: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(90.0, description="Period of the wander in minutes.")
+    period_min: Annotated[float, Field(gt=0, le=MAX_MINUTES)] = Field(
+        90.0, description="Period of the wander in minutes."
+    )
 
 
 class Sessions(_Model):
