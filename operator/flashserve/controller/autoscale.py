@@ -115,6 +115,18 @@ def service_refusal(kube: Kube, namespace: str, name: str) -> str | None:
     return None
 
 
+def saved_state(body: dict) -> PolicyState | None:
+    """The policy state the annotation holds; None when there is none, or it cannot be read: a hand-edited
+    annotation (e.g. a number too big for a float) must not break every reconcile."""
+    raw = (body["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        return PolicyState.from_dict(json.loads(raw))
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return None
+
+
 class Autoscaler:
     def __init__(self, default_prometheus_url: str | None = None, allow: PrometheusAllowList | None = None):
         self.default_prometheus_url = default_prometheus_url
@@ -133,12 +145,7 @@ class Autoscaler:
     def _state(self, body: dict) -> _ServingState:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if key not in self.servings:
-            raw = (body["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
-            try:
-                policy = PolicyState.from_dict(json.loads(raw) if raw else None)
-            except (ValueError, TypeError, OverflowError, RecursionError):
-                # A hand-edited annotation (e.g. a number too big for a float) must not break every reconcile.
-                policy = PolicyState()
+            policy = saved_state(body) or PolicyState()
             self.servings[key] = _ServingState(policy, persisted_at=time.monotonic())
         return self.servings[key]
 
@@ -228,11 +235,7 @@ class Autoscaler:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         st = self.servings.pop(key, None)
-        raw = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
-        try:
-            saved = PolicyState.from_dict(json.loads(raw)) if raw else None
-        except (ValueError, TypeError, OverflowError, RecursionError):
-            saved = None
+        saved = saved_state(body)
         # What it learned since the last save (up to PERSIST_EVERY_S) is saved too, or it would be lost here.
         policy = st.policy if st else saved
         if policy is None:
